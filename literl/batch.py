@@ -1,0 +1,158 @@
+"""Batches that flow through a step: what the rollout produced, and what the objective prepared.
+
+Dimension key (suffixes on every tensor that crosses a function boundary):
+    P  prompts per step          G  samples per prompt (group size)     B = P·G sequences
+    T  response tokens (padded)  L  prompt + response tokens (padded)   V  vocabulary
+    E  experts                   K  experts per token (top-k)           N  layers
+
+The four log-probs, one name each:
+    rollout_logp  log μ(y_t): what the inference engine reported while sampling (no grad)
+    old_logp      log π_old(y_t): the trainer's recompute under the pre-update policy, the proximal policy
+                  of the PPO ratio (no grad); equals rollout_logp in bypass mode
+    logp          log π_θ(y_t): the current policy, with grad (never stored on a batch)
+    ref_logp      log π_ref(y_t): the frozen reference policy, for KL (no grad)
+All are taken from temperature-scaled logits (algorithms.md §0.3).
+
+Layout: `tokens_BL` holds each row's prompt then its response, right-padded with `pad_id`; response token t
+of row b sits at `tokens_BL[b, prompt_len_B[b] + t]` and equals `response_ids_BT[b, t]`. Right padding lets
+training forwards run with a plain causal mask (pads come last, so no real token ever attends to one).
+
+Per-token extras (MoE routes, ...) ride in `extras`, keyed with their shape suffix (`routes_BTNK`), and are
+sliced with the batch like every other field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+def _slice_rows(value: Any, index: torch.Tensor):
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value[index.to(value.device)]
+    if isinstance(value, list):
+        return [value[i] for i in index.tolist()]
+    if isinstance(value, dict):
+        return {k: _slice_rows(v, index) for k, v in value.items()}
+    return value
+
+
+def _trim(name: str, value: Any, T: int, L: int):
+    if isinstance(value, dict):
+        return {k: _trim(k, v, T, L) for k, v in value.items()}
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return value
+    if "_BT" in name:
+        return value[:, :T]
+    if "_BL" in name:
+        return value[:, :L]
+    return value
+
+
+class _Rows:
+    """Row selection, shuffling and length-trimming shared by both batch types (driven by shape suffixes)."""
+
+    def __len__(self) -> int:
+        return int(self.mask_BT.shape[0])
+
+    def select(self, index) -> "_Rows":
+        index = torch.as_tensor(index, dtype=torch.long)
+        return dataclasses.replace(
+            self, **{f.name: _slice_rows(getattr(self, f.name), index) for f in dataclasses.fields(self)
+                     if f.name not in self._scalars})
+
+    def trimmed(self) -> "_Rows":
+        """Drop padding columns that no row of this (micro-)batch uses."""
+        T = int(self.mask_BT.sum(-1).max().item()) if len(self) else 0
+        T = max(T, 1)
+        L = int((self.prompt_len_B + self.mask_BT.sum(-1)).max().item()) if len(self) else 1
+        return dataclasses.replace(
+            self, **{f.name: _trim(f.name, getattr(self, f.name), T, L) for f in dataclasses.fields(self)
+                     if f.name not in self._scalars})
+
+    @property
+    def lengths_B(self) -> torch.Tensor:
+        return self.prompt_len_B + self.mask_BT.sum(-1)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask_BT.sum())
+
+    _scalars: tuple[str, ...] = ("pad_id",)
+
+
+@dataclass
+class RolloutBatch(_Rows):
+    """Sampled groups with their rewards, before any training quantity is computed."""
+
+    tokens_BL: torch.Tensor            # long: prompt + response, right-padded
+    prompt_len_B: torch.Tensor         # long
+    response_ids_BT: torch.Tensor      # long
+    mask_BT: torch.Tensor              # bool: response tokens (EOS included, padding excluded)
+    rollout_logp_BT: torch.Tensor      # float32
+    truncated_B: torch.Tensor          # bool: stopped by max_new_tokens, not by EOS
+    group_B: torch.Tensor              # long: prompt/group id (explicit, never inferred from order)
+    scores_B: torch.Tensor             # float32: reward functions' combined score, before shaping
+    correct_B: torch.Tensor            # bool: the accuracy verdict (first reward fn >= 0.5)
+    rewards_B: torch.Tensor            # float32: after reward shaping; what the advantage sees
+    problem_B: torch.Tensor            # long: index of the problem in its dataset
+    responses: list[str] = field(default_factory=list)
+    problems: list[dict] = field(default_factory=list)   # the problem record of each row (id, answer, tier...)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    pad_id: int = 0
+
+
+@dataclass
+class TrainBatch(_Rows):
+    """A rollout batch with every per-step quantity the loss needs; built once by `Objective.prepare`.
+
+    `weight_BT` is the aggregation weight: it already folds in the loss mask (response ∧ loss masks ∧ IS
+    keep) and the normaliser of the whole optimizer step, so the loss of any micro-batch is a plain
+    weighted sum and micro-batch losses add up exactly to the full-batch loss.
+    """
+
+    tokens_BL: torch.Tensor
+    prompt_len_B: torch.Tensor
+    response_ids_BT: torch.Tensor
+    mask_BT: torch.Tensor              # bool: response tokens
+    loss_mask_BT: torch.Tensor         # bool: tokens that enter the loss (mask ∧ loss masks ∧ IS keep)
+    rollout_logp_BT: torch.Tensor
+    old_logp_BT: torch.Tensor | None   # None: reuse sg(logp) (single on-policy update, see Objective)
+    ref_logp_BT: torch.Tensor | None
+    adv_BT: torch.Tensor
+    is_weight_BT: torch.Tensor         # detached training–inference correction weight (1 when off)
+    weight_BT: torch.Tensor            # aggregation weight for the policy loss, normalised per optimizer step
+    minibatch_B: torch.Tensor          # long: which optimizer step of this rollout batch the row belongs to
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    pad_id: int = 0
+
+    def minibatches(self) -> list["TrainBatch"]:
+        """One batch per optimizer step, in order."""
+        n = int(self.minibatch_B.max().item()) + 1 if len(self) else 0
+        return [self.select(torch.nonzero(self.minibatch_B == k).flatten()) for k in range(n)]
+
+    def micro_batches(self, max_tokens: int) -> list["TrainBatch"]:
+        """Split into micro-batches of at most `max_tokens` padded tokens, grouping similar lengths.
+
+        Rows are sorted by length so each micro-batch trims to its own longest row: little padding is
+        computed. Exactness does not depend on the split because `weight_BT` is normalised per step.
+        """
+        lengths = self.lengths_B
+        order = torch.argsort(lengths, descending=True, stable=True)
+        chunks, current, current_max = [], [], 0
+        for i in order.tolist():
+            row_len = int(lengths[i])
+            new_max = max(current_max, row_len)
+            if current and new_max * (len(current) + 1) > max_tokens:
+                chunks.append(current)
+                current, new_max = [], row_len
+            current.append(i)
+            current_max = new_max
+        if current:
+            chunks.append(current)
+        return [self.select(torch.tensor(c)).trimmed() for c in chunks]

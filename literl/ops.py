@@ -1,0 +1,94 @@
+"""Small tensor helpers shared by the tricks: masked reductions and statistics per group.
+
+This is the only place these exist. Masks are `bool` (True = the token counts). Groups are given by
+explicit ids (`group_B`, any integers), never by assuming the G samples of a prompt are contiguous
+(algorithms.md §1.1, "always group by explicit gid").
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    x = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return x.sum() if dim is None else x.sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    """Mean over True entries; 0 (never NaN) where nothing is selected."""
+    count = mask.sum() if dim is None else mask.sum(dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1).to(x.dtype)
+
+
+def masked_max(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Max over True entries; 0 where nothing is selected."""
+    if not bool(mask.any()):
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    return x[mask].max()
+
+
+def masked_min(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Min over True entries; 0 where nothing is selected."""
+    if not bool(mask.any()):
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    return x[mask].min()
+
+
+def dense_group_index(group_B: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Map arbitrary group ids to 0..n_groups-1 (order of first appearance is not kept; sorted ids)."""
+    uniq, index_B = torch.unique(group_B, return_inverse=True)
+    return index_B, int(uniq.numel())
+
+
+def group_sum(values_B: torch.Tensor, group_B: torch.Tensor, valid_B: torch.Tensor | None = None):
+    """Per-sequence view of the sum and count of its group's valid values: (sum_B, count_B)."""
+    index_B, n = dense_group_index(group_B)
+    if valid_B is None:
+        valid_B = torch.ones_like(values_B, dtype=torch.bool)
+    v = torch.where(valid_B, values_B, torch.zeros_like(values_B))
+    sums = torch.zeros(n, dtype=values_B.dtype, device=values_B.device).index_add_(0, index_B, v)
+    counts = torch.zeros(n, dtype=values_B.dtype, device=values_B.device).index_add_(
+        0, index_B, valid_B.to(values_B.dtype))
+    return sums[index_B], counts[index_B]
+
+
+def group_mean_std(values_B: torch.Tensor, group_B: torch.Tensor, valid_B: torch.Tensor | None = None,
+                   *, unbiased: bool = True):
+    """Per-sequence (mean, std, count) of its group over valid entries.
+
+    std is the unbiased (N-1) estimate by default, as torch.std in verl/TRL/ROLL; a group with fewer
+    than 2 valid members gets std 0 (never NaN). Invalid entries (e.g. NaN rewards) are excluded.
+    """
+    if valid_B is None:
+        valid_B = torch.ones_like(values_B, dtype=torch.bool)
+    s, n = group_sum(values_B, group_B, valid_B)
+    mean = s / n.clamp(min=1)
+    sq, _ = group_sum((values_B - mean) ** 2, group_B, valid_B)
+    dof = (n - 1) if unbiased else n
+    var = torch.where(dof > 0, sq / dof.clamp(min=1), torch.zeros_like(sq))
+    return mean, var.clamp(min=0).sqrt(), n
+
+
+def batch_mean_std(values: torch.Tensor, valid: torch.Tensor, *, unbiased: bool = True,
+                   weights: torch.Tensor | None = None):
+    """(mean, std) over valid entries, optionally weighted (e.g. by token counts); std 0 if < 2 entries."""
+    w = valid.to(values.dtype) if weights is None else torch.where(valid, weights, torch.zeros_like(weights))
+    total = w.sum()
+    x = torch.where(valid, values, torch.zeros_like(values))
+    mean = (w * x).sum() / total.clamp(min=1e-12)
+    sq = (w * (x - mean) ** 2).sum()
+    denom = total - 1 if unbiased else total
+    var = sq / denom if float(denom) > 0 else torch.zeros((), dtype=values.dtype, device=values.device)
+    return mean, var.clamp(min=0).sqrt()
+
+
+def response_lengths(mask_BT: torch.Tensor) -> torch.Tensor:
+    return mask_BT.sum(-1)
+
+
+def last_token_index(mask_BT: torch.Tensor) -> torch.Tensor:
+    """Index of each row's last True entry (0 for an empty row)."""
+    T = mask_BT.shape[-1]
+    positions = torch.arange(T, device=mask_BT.device).expand_as(mask_BT)
+    return torch.where(mask_BT, positions, torch.zeros_like(positions)).max(-1).values

@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny models built from a config with a local tokenizer (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tests never reach the Hugging Face hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def tiny_qwen3_config(vocab_size: int = 100, **overrides):
+    from transformers import Qwen3Config
+
+    kwargs = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=16, intermediate_size=64, max_position_embeddings=256,
+                  tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    kwargs.update(overrides)
+    return Qwen3Config(**kwargs)
+
+
+def build_tiny_qwen3(seed: int = 0, **overrides):
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(tiny_qwen3_config(**overrides))
+
+
+def tiny_qwen3_moe_config(vocab_size: int = 100, **overrides):
+    from transformers import Qwen3MoeConfig
+
+    kwargs = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=16, intermediate_size=64, moe_intermediate_size=32,
+                  num_experts=4, num_experts_per_tok=2, max_position_embeddings=256, tie_word_embeddings=True,
+                  pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    kwargs.update(overrides)
+    return Qwen3MoeConfig(**kwargs)
+
+
+@pytest.fixture
+def char_tokenizer():
+    from literl.testbed.tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+@pytest.fixture
+def tiny_qwen3(char_tokenizer):
+    return build_tiny_qwen3()
+
+
+@pytest.fixture
+def tiny_qwen3_dir(tmp_path, char_tokenizer):
+    """A tiny random Qwen3 and the character tokenizer saved with `save_pretrained` in one directory."""
+    model = build_tiny_qwen3()
+    path = tmp_path / "tiny-qwen3"
+    model.save_pretrained(path)
+    char_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
