@@ -92,3 +92,31 @@ def last_token_index(mask_BT: torch.Tensor) -> torch.Tensor:
     T = mask_BT.shape[-1]
     positions = torch.arange(T, device=mask_BT.device).expand_as(mask_BT)
     return torch.where(mask_BT, positions, torch.zeros_like(positions)).max(-1).values
+
+
+def group_min_max(values_B: torch.Tensor, group_B: torch.Tensor, valid_B: torch.Tensor | None = None):
+    """Per-sequence view of its group's (min, max) over valid entries; (0, 0) for a group with none valid."""
+    index_B, n = dense_group_index(group_B)
+    if valid_B is None:
+        valid_B = torch.ones_like(values_B, dtype=torch.bool)
+    inf = torch.tensor(float("inf"), dtype=values_B.dtype, device=values_B.device)
+    lo = torch.full((n,), float("inf"), dtype=values_B.dtype, device=values_B.device).scatter_reduce(
+        0, index_B, torch.where(valid_B, values_B, inf), reduce="amin")
+    hi = torch.full((n,), float("-inf"), dtype=values_B.dtype, device=values_B.device).scatter_reduce(
+        0, index_B, torch.where(valid_B, values_B, -inf), reduce="amax")
+    empty = torch.isinf(lo)
+    lo, hi = lo.masked_fill(empty, 0.0), hi.masked_fill(empty, 0.0)
+    return lo[index_B], hi[index_B]
+
+
+def effective_sample_size(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Normalised ESS 1/mean(ŵ²) with ŵ = w/mean(w), i.e. mean(w)²/mean(w²), over True entries.
+
+    1 when nothing is selected (no weight to judge), 0 when every selected weight is 0.
+    """
+    m = masked_mean(w, mask)
+    m2 = masked_mean(w * w, mask)
+    if bool(m2 > 0):
+        return m * m / m2
+    return torch.ones((), dtype=w.dtype, device=w.device) if not bool(mask.any()) \
+        else torch.zeros((), dtype=w.dtype, device=w.device)

@@ -1,0 +1,92 @@
+"""Importance-weight diagnostics: π_θ/μ_old = [π_old/μ_old] (training–inference) × [π_θ/π_old] (staleness).
+
+In log space, per token (algorithms.md §7, MiniRL arXiv:2512.01374 Eq. 5–6):
+
+    d_ti  = old_logp − rollout_logp      training–inference discrepancy
+    d_st  = logp − old_logp              policy staleness (0 on the first on-policy mini-batch)
+    d_tot = logp − rollout_logp = d_ti + d_st
+
+For each part p ∈ {ti, st, tot}, over the masked tokens (w = e^d; exps take d clamped to ±20):
+    p/kl_k1             mean(−d)                      k1 estimate of KL(sampler ‖ target) (ti: KL(μ‖π_old))
+    p/kl_k3             mean(e^d − 1 − d)             lower-variance estimate of the same KL
+    p/abs_logdiff_mean  mean|d|,   p/abs_logdiff_max  max|d|
+    p/chi2_token        mean(e^(2d)) − 1              χ² (IS variance) per token
+    p/chi2_seq          mean_i(e^(2 Σ_t d)) − 1       the same for sequence (product) weights
+    p/log_ppl_diff      mean_i(−mean_t d)             ti: mean_t rollout_logp − mean_t old_logp (verl log_ppl_diff)
+    p/ess               1/mean(ŵ²), ŵ = w/mean(w)
+    p/ratio_mean, p/ratio_min, p/ratio_max  of w
+    st/ppo_kl           = st/kl_k1 = mean(old_logp − logp)
+    share/ti, share/st  Σ|d_ti| / (Σ|d_ti| + Σ|d_st|) and its complement: which factor carries the total
+                        absolute log-weight (0 and 0 when both are exactly 0)
+Means over tokens unless the key says sequences (empty sequences are skipped). All 0-dim tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from literl import ops
+
+LOG_CLAMP = 20.0  # keeps e^(2d) finite in fp32 (e^40 ≈ 2e17)
+
+
+def _kl_stats(d_BT, mask_BT):
+    d = torch.where(mask_BT, d_BT.float(), torch.zeros((), dtype=torch.float32))
+    dc = d.clamp(-LOG_CLAMP, LOG_CLAMP)
+    return {
+        "kl_k1": ops.masked_mean(-d, mask_BT),
+        "kl_k3": ops.masked_mean(torch.expm1(dc) - dc, mask_BT),
+        "abs_logdiff_mean": ops.masked_mean(d.abs(), mask_BT),
+        "abs_logdiff_max": ops.masked_max(d.abs(), mask_BT),
+    }
+
+
+def _log_weight_stats(d_BT, mask_BT):
+    d = torch.where(mask_BT, d_BT.float(), torch.zeros((), dtype=torch.float32))
+    dc = d.clamp(-LOG_CLAMP, LOG_CLAMP)
+    w = torch.exp(dc)
+    seq_valid_B = mask_BT.any(-1)
+    seq_d_B = d.sum(-1).clamp(-LOG_CLAMP, LOG_CLAMP)
+    stats = _kl_stats(d_BT, mask_BT)
+    stats.update({
+        "chi2_token": ops.masked_mean(torch.expm1(2 * dc), mask_BT),
+        "chi2_seq": ops.masked_mean(torch.expm1(2 * seq_d_B), seq_valid_B),
+        "log_ppl_diff": ops.masked_mean(-ops.masked_mean(d, mask_BT, dim=-1), seq_valid_B),
+        "ess": ops.effective_sample_size(w, mask_BT),
+        "ratio_mean": ops.masked_mean(w, mask_BT),
+        "ratio_min": ops.masked_min(w, mask_BT),
+        "ratio_max": ops.masked_max(w, mask_BT),
+    })
+    return stats
+
+
+@torch.no_grad()
+def is_decomposition(logp_BT, old_logp_BT, rollout_logp_BT, mask_BT) -> dict[str, torch.Tensor]:
+    """Statistics of the training–inference, staleness and total log-weights (see the module docstring).
+
+        d_ti = old_logp − rollout_logp,  d_st = logp − old_logp,  d_tot = d_ti + d_st
+
+    Refs: MiniRL arXiv:2512.01374 Eq. 5–6; verl rollout_corr metrics; algorithms.md §7.
+    """
+    d_ti = old_logp_BT.float() - rollout_logp_BT.float()
+    d_st = logp_BT.float() - old_logp_BT.float()
+    out = {}
+    for part, d in (("ti", d_ti), ("st", d_st), ("tot", d_ti + d_st)):
+        out.update({f"{part}/{k}": v for k, v in _log_weight_stats(d, mask_BT).items()})
+    out["st/ppo_kl"] = out["st/kl_k1"]
+    abs_ti, abs_st = ops.masked_sum(d_ti.abs(), mask_BT), ops.masked_sum(d_st.abs(), mask_BT)
+    total = abs_ti + abs_st
+    out["share/ti"] = torch.where(total > 0, abs_ti / total.clamp(min=1e-30), torch.zeros_like(total))
+    out["share/st"] = torch.where(total > 0, abs_st / total.clamp(min=1e-30), torch.zeros_like(total))
+    return out
+
+
+@torch.no_grad()
+def mismatch_metrics(old_logp_BT, rollout_logp_BT, mask_BT) -> dict[str, torch.Tensor]:
+    """Per-step training–inference mismatch: kl_k1, kl_k3, abs_logdiff_mean, abs_logdiff_max of d_ti.
+
+        d = old_logp − rollout_logp,  kl_k1 = mean(−d),  kl_k3 = mean(e^d − 1 − d)
+
+    Refs: algorithms.md §7 (the ti/ part of is_decomposition).
+    """
+    return _kl_stats(old_logp_BT.float() - rollout_logp_BT.float(), mask_BT)
