@@ -42,7 +42,7 @@ def _broadcast(adv_B, valid_B, mask_BT):
 def _warn_singletons(count_B, valid_B):
     if bool(((count_B == 1) & valid_B).any()):
         warnings.warn("advantages: a group has a single valid member, so it has no baseline; its advantage "
-                      "is set to 0 (algorithms.md §1.1)", stacklevel=3)
+                      "is set to 0 (algorithms.md §1.1)")
 
 
 def _group_centre(R_B, group_B, valid_B):

@@ -90,7 +90,8 @@ def seq_tis(old_logp_BT, rollout_logp_BT, mask_BT, *, cap=2.0):
 
         ρ_i = exp(clamp(Σ_t d_t, ±20)),   w_it = min(ρ_i, cap)
 
-    Empty response: ρ = 1. Refs: verl rollout_is=sequence; TRL sequence_truncate; algorithms.md §2.8.
+    Empty response: ρ = 1.
+    Refs: verl rollout_is=sequence; TRL sequence_truncate; algorithms.md §2.8.
     """
     return _tis(_seq_ratio(old_logp_BT, rollout_logp_BT, mask_BT, geometric=False), mask_BT, cap)
 
@@ -127,7 +128,8 @@ def geo_mis(old_logp_BT, rollout_logp_BT, mask_BT, *, low=0.5, high=2.0, reject=
 
         ρ_i = exp(mean_t d_t),   w_it = ρ_i·1[low ≤ ρ_i ≤ high]     (reject as in token_mis)
 
-    Empty response: ρ = 1. Refs: Liu et al. 2025 (MIS); ROLL geometric ratio, verl seq_mean_k1; algorithms.md §2.8.
+    Empty response: ρ = 1.
+    Refs: Liu et al. 2025 (MIS); ROLL geometric ratio, verl seq_mean_k1; algorithms.md §2.8.
     """
     ratio_BT = _seq_ratio(old_logp_BT, rollout_logp_BT, mask_BT, geometric=True)
     return _mis(ratio_BT, mask_BT, low, high, reject)

@@ -24,7 +24,8 @@ def k1(logp_BT, ref_logp_BT):
 
         k1_t = logp_t − ref_logp_t
 
-    Unclamped, as in verl. Refs: Schulman 2020 "Approximating KL divergence"; algorithms.md §5.
+    Unclamped, as in verl.
+    Refs: Schulman 2020 "Approximating KL divergence"; algorithms.md §5.
     """
     return logp_BT - ref_logp_BT
 
@@ -35,7 +36,8 @@ def k2(logp_BT, ref_logp_BT):
 
         k2_t = ½·(logp_t − ref_logp_t)²
 
-    Unclamped, as in verl. Refs: Schulman 2020 "Approximating KL divergence"; algorithms.md §5.
+    Unclamped, as in verl.
+    Refs: Schulman 2020 "Approximating KL divergence"; algorithms.md §5.
     """
     return 0.5 * (logp_BT - ref_logp_BT) ** 2
 

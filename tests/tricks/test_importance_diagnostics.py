@@ -1,0 +1,80 @@
+"""IS-weight decomposition diagnostics (§7, §9.12)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from literl.diagnostics import is_decomposition, mismatch_metrics
+
+L = math.log
+
+
+def test_is_decomposition_hand():
+    """One row, two tokens: μ = [0.5, 0.5], π_old = [0.25, 0.5], π_θ = π_old → d_ti = [−log 2, 0], d_st = 0.
+    ti/kl_k1 = mean(−d) = 0.6931/2 = 0.3466; ti/kl_k3 = mean(e^d − 1 − d) = (0.5 − 1 + 0.6931)/2 = 0.0966;
+    abs mean 0.3466, max 0.6931; chi2_token = mean(e^2d) − 1 = (0.25 + 1)/2 − 1 = −0.375;
+    chi2_seq = e^(2·(−0.6931)) − 1 = −0.75; log_ppl_diff = −mean_t d = 0.3466; ratio [0.5, 1]: mean 0.75;
+    ess = 0.75² / ((0.25 + 1)/2) = 0.9. Staleness is 0: st/ppo_kl 0, ratio 1; share/ti = 1, share/st = 0.
+    """
+    rollout = torch.tensor([[L(0.5), L(0.5)]])
+    old = torch.tensor([[L(0.25), L(0.5)]])
+    out = is_decomposition(old.clone(), old, rollout, torch.ones(1, 2, dtype=torch.bool))
+    expected = {"ti/kl_k1": 0.3466, "ti/kl_k3": 0.0966, "ti/abs_logdiff_mean": 0.3466, "ti/abs_logdiff_max": 0.6931,
+                "ti/chi2_token": -0.375, "ti/chi2_seq": -0.75, "ti/log_ppl_diff": 0.3466, "ti/ratio_mean": 0.75,
+                "ti/ratio_min": 0.5, "ti/ratio_max": 1.0, "ti/ess": 0.9, "st/ppo_kl": 0.0, "st/ratio_mean": 1.0,
+                "share/ti": 1.0, "share/st": 0.0, "tot/kl_k1": 0.3466}
+    for key, value in expected.items():
+        assert float(out[key]) == pytest.approx(value, abs=1e-4), key
+    assert all(v.dim() == 0 and torch.isfinite(v) for v in out.values())
+
+
+def test_mismatch_metrics_hand():
+    """Same tokens: kl_k1 0.3466, kl_k3 0.0966, |Δlogp| mean 0.3466, max 0.6931 (= the ti/ entries)."""
+    rollout = torch.tensor([[L(0.5), L(0.5)]])
+    old = torch.tensor([[L(0.25), L(0.5)]])
+    out = mismatch_metrics(old, rollout, torch.ones(1, 2, dtype=torch.bool))
+    assert set(out) == {"kl_k1", "kl_k3", "abs_logdiff_mean", "abs_logdiff_max"}
+    assert [round(float(out[k]), 4) for k in sorted(out)] == [0.6931, 0.3466, 0.3466, 0.0966]
+
+
+def random_logps(seed=0, B=5, T=8):
+    g = torch.Generator().manual_seed(seed)
+    rollout = -torch.rand(B, T, generator=g) * 2
+    old = rollout + 0.2 * torch.randn(B, T, generator=g)
+    logp = old + 0.1 * torch.randn(B, T, generator=g)
+    mask = torch.arange(T)[None, :] < torch.tensor([8, 3, 0, 5, 1])[:, None]
+    return logp, old, rollout, mask
+
+
+def test_total_is_the_sum_of_the_parts():
+    """d_tot = d_ti + d_st: the linear statistics add up; the shares sum to 1."""
+    out = is_decomposition(*random_logps())
+    for key in ["kl_k1", "log_ppl_diff"]:
+        assert float(out[f"tot/{key}"]) == pytest.approx(float(out[f"ti/{key}"] + out[f"st/{key}"]), abs=1e-6)
+    assert float(out["share/ti"] + out["share/st"]) == pytest.approx(1.0)
+    assert float(out["st/ppo_kl"]) == float(out["st/kl_k1"])
+
+
+def test_train_inference_kl_matches_monte_carlo():
+    """Tokens sampled from μ (5-way categorical); old_logp = log π(y), rollout_logp = log μ(y):
+    ti/kl_k1 and ti/kl_k3 estimate KL(μ‖π_old) = Σ μ log(μ/π)."""
+    g = torch.Generator().manual_seed(0)
+    log_mu = torch.log_softmax(torch.randn(5, generator=g), -1)
+    log_pi = torch.log_softmax(log_mu + 0.5 * torch.randn(5, generator=g), -1)
+    exact = float((log_mu.exp() * (log_mu - log_pi)).sum())
+    y = torch.multinomial(log_mu.exp(), 40_000, replacement=True, generator=g).reshape(40, 1000)
+    mask = torch.ones(40, 1000, dtype=torch.bool)
+    out = is_decomposition(log_pi[y], log_pi[y], log_mu[y], mask)
+    assert float(out["ti/kl_k1"]) == pytest.approx(exact, abs=0.01)
+    assert float(out["ti/kl_k3"]) == pytest.approx(exact, abs=0.01)
+
+
+def test_empty_and_identical_inputs_are_finite():
+    logp, old, rollout, mask = random_logps()
+    for m in [torch.zeros_like(mask), mask]:
+        out = is_decomposition(old, old, old, m)
+        assert all(torch.isfinite(v) for v in out.values())
+        assert float(out["share/ti"]) == 0.0 and float(out["ti/ess"]) == 1.0

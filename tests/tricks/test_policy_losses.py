@@ -1,0 +1,292 @@
+"""Policy losses against hand-computed cases, and the gradient properties of algorithms.md §9.3–9.6."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from literl.tricks import AGGREGATIONS, POLICY_LOSSES
+
+L = math.log
+
+
+def call(name, logp, old, adv, rollout=None, mask=None, **params):
+    """Run a loss on 1-row inputs given as plain lists; returns (loss_BT, metrics, dloss.sum()/dlogp)."""
+    logp_BT = torch.tensor([logp], dtype=torch.float32, requires_grad=True)
+    old_BT = torch.tensor([old], dtype=torch.float32)
+    rollout_BT = old_BT.clone() if rollout is None else torch.tensor([rollout], dtype=torch.float32)
+    adv_BT = torch.tensor([adv], dtype=torch.float32)
+    mask_BT = torch.ones_like(adv_BT, dtype=torch.bool) if mask is None else torch.tensor([mask], dtype=torch.bool)
+    loss_BT, metrics = POLICY_LOSSES.build(name, params)(logp_BT, old_BT, rollout_BT, adv_BT, mask_BT)
+    (grad,) = torch.autograd.grad(loss_BT.sum(), logp_BT)
+    return loss_BT.detach()[0], metrics, grad[0]
+
+
+def close(actual, expected, atol=1e-4):
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=torch.float32), atol=atol, rtol=0)
+
+
+def test_reinforce_hand():
+    """logp = log 0.5, old = log 0.25 → w = 2; A = 1: loss = −2·log 0.5 = 1.3863, ∇ = −w·A = −2.
+    behaviour="rollout" with μ = 0.5 → w = 1, ∇ = −1. is_cap = 1.5 → w = 1.5, ∇ = −1.5.
+    """
+    loss, metrics, grad = call("reinforce", [L(0.5)], [L(0.25)], [1.0], rollout=[L(0.5)])
+    close(loss, [1.3863])
+    close(grad, [-2.0])
+    close(metrics["is_weight_mean"], 2.0)
+    close(call("reinforce", [L(0.5)], [L(0.25)], [1.0], rollout=[L(0.5)], behaviour="rollout")[2], [-1.0])
+    _, m, grad = call("reinforce", [L(0.5)], [L(0.25)], [1.0], is_cap=1.5)
+    close(grad, [-1.5])
+    close(m["is_truncated_frac"], 1.0)
+
+
+def test_ppo_clip_hand():
+    """Four tokens, ρ = [1.5, 1.5, 0.5, 1.0], A = [1, −1, −1, 1], ε = 0.2:
+    t0: max(−1.5, −1.2) = −1.2, clipped → ∇ 0.          t1: max(1.5, 1.2) = 1.5, ∇ = −A·ρ = 1.5.
+    t2: max(0.5, 0.8) = 0.8, clipped → ∇ 0.              t3: max(−1, −1) = −1, ∇ = −1.
+    binding: high = {t0} → 1/4, low = {t2} → 1/4; outside high = {t0,t1} → 1/2, outside low = {t2} → 1/4.
+    """
+    loss, m, grad = call("ppo_clip", [L(1.5), L(1.5), L(0.5), 0.0], [0.0] * 4, [1.0, -1.0, -1.0, 1.0])
+    close(loss, [-1.2, 1.5, 0.8, -1.0])
+    close(grad, [0.0, 1.5, 0.0, -1.0])
+    close(m["clipfrac_binding_high"], 0.25)
+    close(m["clipfrac_binding_low"], 0.25)
+    close(m["ratio_outside_high"], 0.5)
+    close(m["ratio_outside_low"], 0.25)
+    close(m["ratio_max"], 1.5)
+    close(m["ratio_min"], 0.5)
+    assert m["clipped_high_BT"].tolist() == [[True, False, False, False]]
+    assert m["clipped_low_BT"].tolist() == [[False, False, True, False]]
+
+
+def test_ppo_dual_clip_hand():
+    """dual_clip c = 3, A = −1: ρ = 4 → max(4, 1.2) = 4, min(4, 3) = 3, ∇ 0; ρ = 2 → 2 < 3, ∇ = −A·ρ = 2.
+    dual_clip_frac = 1/2.
+    """
+    loss, m, grad = call("ppo_clip", [L(4.0), L(2.0)], [0.0, 0.0], [-1.0, -1.0], dual_clip=3.0)
+    close(loss, [3.0, 2.0])
+    close(grad, [0.0, 2.0])
+    close(m["dual_clip_frac"], 0.5)
+
+
+def seq_mean_weights(mask):
+    num, den = AGGREGATIONS.get("seq_mean_token_mean")(torch.tensor([mask]), torch.zeros(1, dtype=torch.long))
+    return num / den
+
+
+def test_gspo_hand():
+    """Token log-ratios [log 2, 0] → s = exp((log 2 + 0)/2) = √2 = 1.4142.
+    A = +1: clip(s) = 1 + 4e-4 → loss = max(−1.4142, −1.0004) = −1.0004 on both tokens, ∇ = 0.
+    A = −1: loss = max(1.4142, 1.0004) = 1.4142; with seq_mean_token_mean weights (½, ½) the objective is
+    1.4142 and ∂/∂logp_t = −A·s·(1/|y|) = 0.7071 for each token.
+    """
+    loss, m, grad = call("gspo", [L(2.0), 0.0], [0.0, 0.0], [1.0, 1.0])
+    close(loss, [-1.0004, -1.0004])
+    close(grad, [0.0, 0.0])
+    close(m["ratio_mean"], math.sqrt(2))
+    close(m["clipfrac_binding_high"], 1.0)
+    w = seq_mean_weights([1, 1])
+    logp = torch.tensor([[L(2.0), 0.0]], requires_grad=True)
+    loss_BT, _ = POLICY_LOSSES.get("gspo")(logp, torch.zeros(1, 2), torch.zeros(1, 2), -torch.ones(1, 2),
+                                         torch.ones(1, 2, dtype=torch.bool))
+    total = (w * loss_BT).sum()
+    close(total, 1.4142)
+    close(torch.autograd.grad(total, logp)[0][0], [0.7071, 0.7071])
+
+
+def test_gspo_token_hand():
+    """Same inputs as gspo: s_t = sg(√2)·π/sg(π) has value √2 on both tokens.
+    A = −1: loss_t = 1.4142; ∂loss_t/∂logp_t = −A·s = 1.4142, times the weight ½ → 0.7071 (= gspo).
+    A = +1: clipped at 1.0004 → ∇ 0.
+    """
+    loss, _, grad = call("gspo_token", [L(2.0), 0.0], [0.0, 0.0], [-1.0, -1.0])
+    close(loss, [1.4142, 1.4142])
+    close(grad, [1.4142, 1.4142])
+    loss, _, grad = call("gspo_token", [L(2.0), 0.0], [0.0, 0.0], [1.0, 1.0])
+    close(loss, [-1.0004, -1.0004])
+    close(grad, [0.0, 0.0])
+
+
+def test_cispo_hand():
+    """ub = 1.2: ρ = 1.5, A = 1 → ŵ = 1.2, loss = −1.2·logp = −1.2·log 1.5 = −0.4866, ∇ = −1.2 (PPO: 0).
+    unified_mask: A > 0 ∧ ρ > ub → masked, loss 0, ∇ 0.
+    lb = 0.8: ρ = 0.5, A = −1 → ŵ = 0.8, ∇ = −ŵ·A = 0.8; unified → 0.
+    """
+    loss, m, grad = call("cispo", [L(1.5)], [0.0], [1.0], ub=1.2)
+    close(loss, [-0.4866])
+    close(grad, [-1.2])
+    close(m["capped_frac"], 1.0)
+    close(m["clipfrac_binding_high"], 1.0)
+    close(call("cispo", [L(1.5)], [0.0], [1.0], ub=1.2, unified_mask=True)[2], [0.0])
+    close(call("cispo", [L(0.5)], [0.0], [-1.0], ub=1.2, lb=0.8)[2], [0.8])
+    close(call("cispo", [L(0.5)], [0.0], [-1.0], ub=1.2, lb=0.8, unified_mask=True)[2], [0.0])
+
+
+def test_minirl_hand():
+    """On-policy, logp = old = log 0.5, μ = 0.25, A = 1: w = min(π_θ/μ, 5) = 2 → loss = −2·log 0.5 = 1.3863, ∇ = −2.
+    Mask on π_old, not μ: logp = log 0.6, old = log 0.5 (r = 1.2 ≤ 1.27), μ = 0.3 (π_θ/μ = 2) → kept, ∇ = −2.
+    logp = log 0.7, old = log 0.5 (r = 1.4 > 1.27), μ = 0.7 (π_θ/μ = 1) → M = 0, ∇ = 0.
+    TIS: logp = old = log 0.6, μ = 0.06 → π_θ/μ = 10 → w = 5.
+    tis_scope="train_infer": logp = log 0.6, old = log 0.5, μ = 0.05 → min(10, 5)·1.2 = 6; "full": min(12, 5) = 5.
+    train_infer_is=False: w = r = 1.2.
+    """
+    loss, _, grad = call("minirl", [L(0.5)], [L(0.5)], [1.0], rollout=[L(0.25)])
+    close(loss, [1.3863])
+    close(grad, [-2.0])
+    close(call("minirl", [L(0.6)], [L(0.5)], [1.0], rollout=[L(0.3)])[2], [-2.0])
+    close(call("minirl", [L(0.7)], [L(0.5)], [1.0], rollout=[L(0.7)])[2], [0.0])
+    _, m, grad = call("minirl", [L(0.6)], [L(0.6)], [1.0], rollout=[L(0.06)])
+    close(grad, [-5.0])
+    close(m["is_truncated_frac"], 1.0)
+    close(m["is_weight_max"], 5.0)
+    args = ([L(0.6)], [L(0.5)], [1.0])
+    close(call("minirl", *args, rollout=[L(0.05)], tis_scope="train_infer")[2], [-6.0])
+    close(call("minirl", *args, rollout=[L(0.05)])[2], [-5.0])
+    close(call("minirl", *args, rollout=[L(0.05)], train_infer_is=False)[2], [-1.2])
+
+
+HAND_CASES = {
+    "reinforce": test_reinforce_hand,
+    "ppo_clip": test_ppo_clip_hand,
+    "gspo": test_gspo_hand,
+    "gspo_token": test_gspo_token_hand,
+    "cispo": test_cispo_hand,
+    "minirl": test_minirl_hand,
+}
+
+
+def random_inputs(seed=0, B=6, T=7, spread=0.5):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g) * 3
+    logp = (old + spread * torch.randn(B, T, generator=g)).requires_grad_(True)
+    rollout = old + 0.3 * torch.randn(B, T, generator=g)
+    adv = torch.randn(B, 1, generator=g).expand(B, T).contiguous()
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = 0
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return logp, old, rollout, adv, mask
+
+
+def grad_of(name, inputs, weights=None, **params):
+    logp, old, rollout, adv, mask = inputs
+    loss_BT, metrics = POLICY_LOSSES.build(name, params)(logp, old, rollout, adv, mask)
+    total = (loss_BT * (mask.float() if weights is None else weights)).sum()
+    (grad,) = torch.autograd.grad(total, logp)
+    return grad, total, metrics
+
+
+def test_ppo_clip_gradient_zero_exactly_on_binding_set():
+    """∇ = 0 exactly on (A>0 ∧ ρ>1+ε_h) ∨ (A<0 ∧ ρ<1−ε_l), else −A·ρ (clip-higher bounds 0.2/0.28)."""
+    inputs = random_inputs()
+    logp, old, _, adv, mask = inputs
+    grad, _, m = grad_of("ppo_clip", inputs, eps_low=0.2, eps_high=0.28)
+    ratio = torch.exp(logp.detach() - old)
+    binding = ((adv > 0) & (ratio > 1.28)) | ((adv < 0) & (ratio < 0.8))
+    assert binding[mask].any() and (~binding[mask]).any()
+    assert (grad[binding] == 0).all()
+    torch.testing.assert_close(grad[mask & ~binding], (-adv * ratio)[mask & ~binding])
+    assert torch.equal(m["clipped_low_BT"] | m["clipped_high_BT"], binding & mask)
+
+
+def test_ppo_dual_clip_zero_gradient_past_c():
+    """For A < 0 and ρ > c the loss is the constant −c·A: ∇ = 0; below c it is PPO's."""
+    inputs = random_inputs(spread=1.0)
+    logp, old, _, adv, mask = inputs
+    grad, _, _ = grad_of("ppo_clip", inputs, dual_clip=1.5)
+    ratio = torch.exp(logp.detach() - old)
+    dual = (adv < 0) & (ratio > 1.5) & mask
+    assert dual.any()
+    assert (grad[dual] == 0).all()
+    plain, _, _ = grad_of("ppo_clip", inputs)
+    torch.testing.assert_close(grad[mask & ~dual], plain[mask & ~dual])
+
+
+def test_cispo_gradient_is_clipped_weight_times_advantage():
+    """∇ = −sg(clamp(ρ, lb, ub))·A·∇logp everywhere, nonzero past the bound where PPO's is 0; with the
+    unified mask (ub = 1+ε_h, lb = 1−ε_l) the zero set equals PPO's."""
+    inputs = random_inputs()
+    logp, old, _, adv, mask = inputs
+    ratio = torch.exp(logp.detach() - old)
+    grad, _, _ = grad_of("cispo", inputs, ub=1.2, lb=0.8)
+    torch.testing.assert_close(grad, torch.where(mask, -ratio.clamp(0.8, 1.2) * adv, torch.zeros(())))
+    ppo_grad, _, _ = grad_of("ppo_clip", inputs)
+    past = mask & (ppo_grad == 0) & (adv != 0)
+    assert past.any() and (grad[past] != 0).all()
+    unified, _, _ = grad_of("cispo", inputs, ub=1.2, lb=0.8, unified_mask=True)
+    assert torch.equal(unified[mask] == 0, ppo_grad[mask] == 0)
+
+
+@pytest.mark.parametrize("eps", [(3e-4, 4e-4), (0.2, 0.2)])
+def test_gspo_token_equals_gspo_under_seq_mean_token_mean(eps):
+    """Per-sequence advantages + seq_mean_token_mean weights: same loss and gradient to 1e-6."""
+    inputs = random_inputs(spread=0.05)
+    mask = inputs[4]
+    num, den = AGGREGATIONS.get("seq_mean_token_mean")(mask, torch.zeros(len(mask), dtype=torch.long))
+    weights = num / den.clamp(min=1)
+    params = dict(eps_low=eps[0], eps_high=eps[1])
+    g_seq, l_seq, _ = grad_of("gspo", inputs, weights, **params)
+    g_tok, l_tok, _ = grad_of("gspo_token", inputs, weights, **params)
+    torch.testing.assert_close(l_tok, l_seq, atol=1e-6, rtol=0)
+    torch.testing.assert_close(g_tok, g_seq, atol=1e-6, rtol=0)
+
+
+def test_gspo_on_one_token_sequences_equals_ppo():
+    """With |y| = 1 the sequence ratio is the token ratio: gspo = ppo_clip (same eps)."""
+    logp, old, rollout, adv, _ = random_inputs(T=1, spread=0.3)
+    mask = torch.ones_like(adv, dtype=torch.bool)
+    inputs = (logp, old, rollout, adv, mask)
+    g1, l1, _ = grad_of("gspo", inputs, eps_low=0.2, eps_high=0.2)
+    g2, l2, _ = grad_of("ppo_clip", inputs)
+    torch.testing.assert_close((l1, g1), (l2, g2))
+
+
+def test_minirl_on_policy_is_train_infer_weighted_reinforce():
+    """θ = θ_old: M = 1 and w = min(π_old/μ, cap) → ∇ = −(π_old/μ)·A·∇logp (cap high enough here)."""
+    _, old, rollout, adv, mask = random_inputs()
+    logp = old.clone().requires_grad_(True)
+    grad, _, _ = grad_of("minirl", (logp, old, rollout, adv, mask), tis_cap=1e6)
+    expected = torch.where(mask, -torch.exp(old - rollout) * adv, torch.zeros(()))
+    torch.testing.assert_close(grad, expected)
+
+
+def test_minirl_caps_weight_at_five():
+    """Default tis_cap = 5: no token carries |∇| > 5·|A|, and heavy ratios are exactly capped."""
+    _, old, rollout, adv, mask = random_inputs()
+    rollout = old - 3.0  # π_old/μ = e^3 ≈ 20 everywhere
+    logp = old.clone().requires_grad_(True)
+    grad, _, m = grad_of("minirl", (logp, old, rollout, adv, mask))
+    torch.testing.assert_close(grad, torch.where(mask, -5.0 * adv, torch.zeros(())))
+    assert float(m["is_truncated_frac"]) == 1.0
+
+
+def test_ppo_clip_symmetric_equals_textbook():
+    """eps_low = eps_high: −min(ρA, clip(ρ, 1−ε, 1+ε)A), written out directly."""
+    logp, old, rollout, adv, mask = random_inputs()
+    loss, _ = POLICY_LOSSES.get("ppo_clip")(logp, old, rollout, adv, mask)
+    ratio = torch.exp(logp - old)
+    textbook = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+    torch.testing.assert_close(loss, torch.where(mask, textbook, torch.zeros(())))
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_metric_keys(name):
+    """Every loss reports the shared keys; `_BT` entries are bool maps, the rest 0-dim tensors."""
+    _, metrics = POLICY_LOSSES.get(name)(*random_inputs())
+    shared = {"clipfrac_binding_low", "clipfrac_binding_high", "ratio_outside_low", "ratio_outside_high",
+              "ratio_mean", "ratio_min", "ratio_max", "approx_kl_k1", "approx_kl_k3", "clipped_low_BT",
+              "clipped_high_BT"}
+    assert shared <= set(metrics)
+    for key, value in metrics.items():
+        if key.endswith("_BT"):
+            assert value.dtype == torch.bool and value.shape == (6, 7)
+        else:
+            assert value.dim() == 0 and not value.requires_grad and torch.isfinite(value)
+
+
+def test_log_ratio_clamp_keeps_outliers_finite():
+    """log ρ = 100 would overflow exp; clamped at 20 the loss and gradient stay finite."""
+    loss, m, grad = call("ppo_clip", [100.0, -100.0], [0.0, 0.0], [-1.0, 1.0])
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+    close(m["ratio_max"], math.exp(20.0), atol=1e3)
