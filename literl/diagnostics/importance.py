@@ -31,7 +31,7 @@ LOG_CLAMP = 20.0  # keeps e^(2d) finite in fp32 (e^40 ≈ 2e17)
 
 
 def _kl_stats(d_BT, mask_BT):
-    d = torch.where(mask_BT, d_BT.float(), torch.zeros((), dtype=torch.float32))
+    d = torch.where(mask_BT, d_BT.float(), 0.0)
     dc = d.clamp(-LOG_CLAMP, LOG_CLAMP)
     return {
         "kl_k1": ops.masked_mean(-d, mask_BT),
@@ -42,7 +42,7 @@ def _kl_stats(d_BT, mask_BT):
 
 
 def _log_weight_stats(d_BT, mask_BT):
-    d = torch.where(mask_BT, d_BT.float(), torch.zeros((), dtype=torch.float32))
+    d = torch.where(mask_BT, d_BT.float(), 0.0)
     dc = d.clamp(-LOG_CLAMP, LOG_CLAMP)
     w = torch.exp(dc)
     seq_valid_B = mask_BT.any(-1)
@@ -76,8 +76,9 @@ def is_decomposition(logp_BT, old_logp_BT, rollout_logp_BT, mask_BT) -> dict[str
     out["st/ppo_kl"] = out["st/kl_k1"]
     abs_ti, abs_st = ops.masked_sum(d_ti.abs(), mask_BT), ops.masked_sum(d_st.abs(), mask_BT)
     total = abs_ti + abs_st
-    out["share/ti"] = torch.where(total > 0, abs_ti / total.clamp(min=1e-30), torch.zeros_like(total))
-    out["share/st"] = torch.where(total > 0, abs_st / total.clamp(min=1e-30), torch.zeros_like(total))
+    safe = total.clamp(min=1e-30)  # only the total > 0 branch is used; the clamp keeps 0/0 out of the other
+    out["share/ti"] = torch.where(total > 0, abs_ti / safe, torch.zeros_like(total))
+    out["share/st"] = torch.where(total > 0, abs_st / safe, torch.zeros_like(total))
     return out
 
 

@@ -36,7 +36,7 @@ def _outcome(rewards_B, mask_BT, token_rewards_BT):
 
 def _broadcast(adv_B, valid_B, mask_BT):
     keep_BT = mask_BT & valid_B[:, None]
-    return torch.where(keep_BT, adv_B[:, None].float(), torch.zeros((), dtype=torch.float32))
+    return torch.where(keep_BT, adv_B[:, None].float(), 0.0)
 
 
 def _warn_singletons(count_B, valid_B):
@@ -46,45 +46,43 @@ def _warn_singletons(count_B, valid_B):
 
 
 def _group_centre(R_B, group_B, valid_B):
-    """(R − mean_g(R), shifted values, group count); the shift by the group min makes equal groups exact 0."""
+    """(R − mean_g(R), valid group size); centring values shifted by the group min makes equal groups exact 0."""
     ref_B, _ = ops.group_min_max(R_B, group_B, valid_B)
-    x_B = R_B - ref_B
-    mean_B, _, count_B = ops.group_mean_std(x_B, group_B, valid_B)
+    mean_B, _, count_B = ops.group_mean_std(R_B - ref_B, group_B, valid_B)
     _warn_singletons(count_B, valid_B)
-    return x_B - mean_B, x_B, count_B
+    return (R_B - ref_B) - mean_B, count_B
 
 
 def _batch_centre(R_B, valid_B, weights_B):
-    ref = ops.masked_min(R_B, valid_B)
-    x_B = R_B - ref
+    x_B = R_B - ops.masked_min(R_B, valid_B)
     mean, _ = ops.batch_mean_std(x_B, valid_B, weights=weights_B)
     return x_B - mean
 
 
-def _normalize(R_B, group_B, valid_B, *, mean_scope, std_scope, unbiased=True, eps=0.0, weights_B=None):
-    """A = (R − mean_scope(R)) / (std_scope(R) + eps), 0 for invalid sequences.
+def _std(scope, R_B, group_B, valid_B, centred_B, *, unbiased, weights_B):
+    """Std of the scope. "group": each group's own std; "batch": std of the raw R over the batch (weighted
+    by weights_B if given); "pooled": sqrt(Σ (R − mean_g)² / (N − 1)), the within-group spread (AReaL)."""
+    if scope == "group":
+        return ops.group_mean_std(centred_B, group_B, valid_B, unbiased=unbiased)[1]
+    if scope == "pooled":
+        n = valid_B.sum() - (1 if unbiased else 0)
+        return (ops.masked_sum(centred_B ** 2, valid_B) / n.clamp(min=1)).sqrt()
+    return ops.batch_mean_std(R_B, valid_B, unbiased=unbiased, weights=weights_B)[1]
 
-    mean_scope: "group" | "batch" | None.  std_scope: None (no division) | "group" | "batch" (std of the raw
-    R over the batch, optionally weighted) | "pooled" (sqrt(Σ (R − mean_g)² / (N − 1)): within-group spread).
+
+def _normalize(R_B, group_B, valid_B, *, mean_scope, std_scope, unbiased=True, eps=0.0, weights_B=None):
+    """A = (R − mean_scope(R)) / (std_scope(R) + eps), 0 for invalid sequences; std_scope None: no division.
+
+    mean_scope: "group" | "batch" (weighted by weights_B if given).  std_scope: see `_std`.
     """
     if mean_scope == "group":
-        centred_B, x_B, _ = _group_centre(R_B, group_B, valid_B)
-    elif mean_scope == "batch":
-        centred_B = x_B = _batch_centre(R_B, valid_B, weights_B)
+        centred_B, _ = _group_centre(R_B, group_B, valid_B)
     else:
-        centred_B = x_B = R_B
-    if std_scope == "group":
-        _, std, _ = ops.group_mean_std(x_B, group_B, valid_B, unbiased=unbiased)
-    elif std_scope == "batch":
-        _, std = ops.batch_mean_std(R_B - ops.masked_min(R_B, valid_B), valid_B, unbiased=unbiased,
-                                    weights=weights_B)
-    elif std_scope == "pooled":
-        n = valid_B.sum() - (1 if unbiased else 0)
-        sq = ops.masked_sum(centred_B ** 2, valid_B)
-        std = (sq / n.clamp(min=1)).sqrt() if int(n) > 0 else torch.zeros_like(sq)
-    else:
-        std, eps = torch.ones(()), 0.0
-    adv_B = centred_B / (std + eps)
+        centred_B = _batch_centre(R_B, valid_B, weights_B)
+    adv_B = centred_B
+    if std_scope is not None:
+        std = _std(std_scope, R_B, group_B, valid_B, centred_B, unbiased=unbiased, weights_B=weights_B)
+        adv_B = centred_B / (std + eps)
     return torch.where(valid_B, adv_B, torch.zeros_like(adv_B))
 
 
@@ -172,7 +170,7 @@ def rloo(rewards_B, group_B, mask_BT, token_rewards_BT):
     Refs: Ahmadian et al. arXiv:2402.14740; algorithms.md §1.5.
     """
     R_B, valid_B = _outcome(rewards_B, mask_BT, token_rewards_BT)
-    centred_B, _, count_B = _group_centre(R_B, group_B, valid_B)
+    centred_B, count_B = _group_centre(R_B, group_B, valid_B)
     scale_B = torch.where(count_B > 1, count_B / (count_B - 1).clamp(min=1), torch.zeros_like(count_B))
     adv_B = torch.where(valid_B, centred_B * scale_B, torch.zeros_like(centred_B))
     return _broadcast(adv_B, valid_B, mask_BT)
@@ -216,7 +214,7 @@ def reinforce_pp(rewards_B, group_B, mask_BT, token_rewards_BT, *, gamma=1.0, ep
     last_B = ops.last_token_index(mask_BT)
     outcome_B = torch.where(valid_B, rewards_B.float(), torch.zeros_like(rewards_B, dtype=torch.float32))
     place_BT = torch.zeros_like(valid_BT).scatter_(1, last_B[:, None], True) & valid_BT
-    token_r_BT = torch.where(valid_BT, token_rewards_BT.float(), torch.zeros((), dtype=torch.float32))
+    token_r_BT = torch.where(valid_BT, token_rewards_BT.float(), 0.0)
     token_r_BT = token_r_BT + place_BT * outcome_B[:, None]
     return _whiten_tokens(_discounted_returns(token_r_BT, valid_BT, gamma), valid_BT, eps)
 
@@ -229,7 +227,8 @@ def reinforce_pp_baseline(rewards_B, group_B, mask_BT, token_rewards_BT, *, eps=
 
     The token-weighted re-centring means a group's advantages no longer sum to 0 (as in verl/OpenRLHF).
     Group of one: centred value 0 (warned) before whitening.
-    Refs: REINFORCE++ arXiv:2501.03262 (verl compute_reinforce_plus_plus_baseline_outcome_advantage); algorithms.md §1.6.
+    Refs: REINFORCE++ arXiv:2501.03262 (verl compute_reinforce_plus_plus_baseline_outcome_advantage);
+    algorithms.md §1.6.
     """
     R_B, valid_B = _outcome(rewards_B, mask_BT, token_rewards_BT)
     centred_B = _normalize(R_B, group_B, valid_B, mean_scope="group", std_scope=None)

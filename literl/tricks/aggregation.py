@@ -20,8 +20,9 @@ from literl import ops
 from literl.tricks import AGGREGATIONS
 
 
-def _count(x) -> torch.Tensor:
-    return torch.as_tensor(x, dtype=torch.float32).reshape(())
+def _count(x, mask_BT) -> torch.Tensor:
+    """A 0-dim float32 count on the mask's device (so it can be all-reduced with the step's other counts)."""
+    return torch.as_tensor(x, dtype=torch.float32, device=mask_BT.device).reshape(())
 
 
 @AGGREGATIONS.register
@@ -39,12 +40,12 @@ def token_mean(mask_BT, group_B, *, token_mean_scope="batch"):
         raise ValueError(f"token_mean: token_mean_scope must be 'batch' or 'group', got {token_mean_scope!r}")
     m_BT = mask_BT.float()
     if token_mean_scope == "batch":
-        return m_BT, _count(m_BT.sum())
+        return m_BT, _count(m_BT.sum(), mask_BT)
     group_tokens_B, _ = ops.group_sum(m_BT.sum(-1), group_B)
     index_B, n_groups = ops.dense_group_index(group_B)
     has_tokens = torch.zeros(n_groups, dtype=torch.bool, device=mask_BT.device)
     has_tokens[index_B[mask_BT.any(-1)]] = True
-    return m_BT / group_tokens_B.clamp(min=1)[:, None], _count(has_tokens.sum())
+    return m_BT / group_tokens_B.clamp(min=1)[:, None], _count(has_tokens.sum(), mask_BT)
 
 
 @AGGREGATIONS.register
@@ -58,7 +59,7 @@ def seq_mean_token_mean(mask_BT, group_B):
     """
     m_BT = mask_BT.float()
     lengths_B = m_BT.sum(-1)
-    return m_BT / lengths_B.clamp(min=1)[:, None], _count((lengths_B > 0).sum())
+    return m_BT / lengths_B.clamp(min=1)[:, None], _count((lengths_B > 0).sum(), mask_BT)
 
 
 @AGGREGATIONS.register
@@ -69,7 +70,7 @@ def seq_mean_token_sum(mask_BT, group_B):
 
     Refs: MiniRL arXiv:2512.01374 Eq. 7; algorithms.md §2.7, §3.
     """
-    return mask_BT.float(), _count(mask_BT.shape[0])
+    return mask_BT.float(), _count(mask_BT.shape[0], mask_BT)
 
 
 @AGGREGATIONS.register
@@ -84,4 +85,4 @@ def seq_mean_token_sum_norm(mask_BT, group_B, *, max_new_tokens=None):
     if max_new_tokens is None or max_new_tokens <= 0:
         raise ValueError("seq_mean_token_sum_norm needs max_new_tokens (the max generation length, L_const); "
                          "give the entry params.max_new_tokens, or build it with context={'max_new_tokens': ...}")
-    return mask_BT.float() / float(max_new_tokens), _count(mask_BT.shape[0])
+    return mask_BT.float() / float(max_new_tokens), _count(mask_BT.shape[0], mask_BT)

@@ -1,4 +1,6 @@
-"""Training–inference mismatch correction: `(old_logp_BT, rollout_logp_BT, mask_BT, *, ...) -> (weight_BT, keep_BT, metrics)`.
+"""Training–inference mismatch correction.
+
+Signature: `(old_logp_BT, rollout_logp_BT, mask_BT, *, ...) -> (weight_BT, keep_BT, metrics)`.
 
 The ratio corrected is π_old/μ_old, with d_t = old_logp_t − rollout_logp_t (log-space, clamped ±20 before
 any exp). The objective multiplies the per-token policy loss by `weight_BT` (detached float32; 1 off the

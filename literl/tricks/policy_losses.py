@@ -32,7 +32,7 @@ def _log_ratio(logp_BT, old_logp_BT, clamp):
 
 
 def _masked(loss_BT, mask_BT):
-    return torch.where(mask_BT, loss_BT, torch.zeros((), dtype=loss_BT.dtype, device=loss_BT.device))
+    return torch.where(mask_BT, loss_BT, 0.0)
 
 
 @torch.no_grad()
