@@ -40,6 +40,9 @@ def test_mismatch_metrics_hand():
     assert [round(float(out[k]), 4) for k in sorted(out)] == [0.6931, 0.3466, 0.3466, 0.0966]
 
 
+HAND_CASES = {"is_decomposition": test_is_decomposition_hand, "mismatch_metrics": test_mismatch_metrics_hand}
+
+
 def random_logps(seed=0, B=5, T=8):
     g = torch.Generator().manual_seed(seed)
     rollout = -torch.rand(B, T, generator=g) * 2
