@@ -1,0 +1,198 @@
+"""Pluggable reward functions and their weighted combination.
+
+A reward function is any `f(response: str, example: dict) -> float` importable by path
+(`package.module:function`); `example` is the problem record (`id`, `problem`, `answer`, other fields).
+The default is `literl.rewards.math_answer:math_accuracy`.
+
+    score_b   = Σ_i w_i · f_i(response_b, example_b)
+    correct_b = f_1(response_b, example_b) ≥ 0.5          (the FIRST function decides accuracy)
+
+Robustness: a function that raises, returns a non-number, or runs past `timeout_s` scores 0 for that
+response; the event is counted in the metrics and warned about once per function and kind, and training
+goes on. To bound its time, an ordinary function runs in isolated worker processes that are killed at the
+deadline (`isolation.py`), at ~0.05 ms of overhead per call. A function that bounds its own time (marked
+with `@time_bounded`, like `math_accuracy`) is called in-process, takes the deadline as keyword
+`timeout_s`, and costs nothing extra: the testbed's integer answers are scored in microseconds.
+
+Metrics per function `<name>` (the function's name): `reward/<name>/mean`, `reward/<name>/timeouts`,
+`reward/<name>/errors` (counts in this batch).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from literl.rewards.isolation import CallOutcome, IsolatedRunner, resolve_function, time_bounded
+
+DEFAULT_REWARD_FN = "literl.rewards.math_answer:math_accuracy"
+
+
+class RewardWarning(UserWarning):
+    """A reward function failed or timed out on some responses (they scored 0)."""
+
+
+def load_reward_fn(path: str) -> Callable[[str, dict], float]:
+    """Import the reward function named `package.module:function` and check that it takes (response, example)."""
+    if str(path).startswith("__main__:"):
+        raise ValueError(f"reward function {path!r} lives in __main__, which worker processes cannot import; "
+                         "move it into a module and name it as 'package.module:function'")
+    fn = resolve_function(path)
+    try:
+        inspect.signature(fn).bind("response", {})
+    except TypeError as exc:
+        raise ValueError(f"reward function {path!r} must accept (response: str, example: dict): {exc}") from exc
+    except ValueError:
+        pass    # builtins without a signature: let the first call tell
+    return fn
+
+
+@dataclass
+class _Entry:
+    name: str
+    path: str
+    weight: float
+    fn: Callable
+    in_process: bool
+
+
+class RewardSet:
+    """Weighted reward functions: `score(responses, examples) -> (scores_B, correct_B, metrics)`."""
+
+    def __init__(self, fns: Sequence[tuple[str | Callable, float]], *, timeout_s: float = 5.0,
+                 n_workers: int | None = None):
+        if not fns:
+            raise ValueError(f"RewardSet needs at least one (function path, weight) pair, e.g. "
+                             f"[({DEFAULT_REWARD_FN!r}, 1.0)]")
+        if timeout_s <= 0:
+            raise ValueError(f"reward timeout_s must be > 0 (got {timeout_s})")
+        self.timeout_s = float(timeout_s)
+        self.entries = [self._entry(path, weight) for path, weight in fns]
+        names = [e.name for e in self.entries]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"reward functions must have distinct names for their metrics; repeated: "
+                             f"{', '.join(duplicates)}. Wrap one under another name")
+        self.n_workers = n_workers or min(2, os.cpu_count() or 1)
+        self._runner: IsolatedRunner | None = None
+        self._warned: set[tuple[str, str]] = set()
+
+    @staticmethod
+    def _entry(fn_or_path: str | Callable, weight: float) -> _Entry:
+        if not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ValueError(f"weight of reward function {fn_or_path!r} must be a finite number (got {weight!r})")
+        if isinstance(fn_or_path, str):
+            fn, path = load_reward_fn(fn_or_path), fn_or_path
+        elif callable(fn_or_path):
+            fn, path = fn_or_path, _import_path(fn_or_path)
+        else:
+            raise ValueError(f"a reward function must be a 'package.module:function' path or a callable, "
+                             f"got {type(fn_or_path).__name__}")
+        name = getattr(fn, "__name__", None) or str(path).rpartition(":")[2].rpartition(".")[2]
+        bounded = bool(getattr(fn, "time_bounded", False))
+        if path is None and not bounded:
+            warnings.warn(f"reward function {name!r} is not importable by path (a lambda, a closure or defined in "
+                          "__main__), so it cannot run in a worker process: it runs in-process WITHOUT a time "
+                          "limit. Define it at module level in an importable module to bound its time.",
+                          RewardWarning, stacklevel=3)
+        return _Entry(name, path or name, float(weight), fn, bounded or path is None)
+
+    def score(self, responses: Sequence[str], examples: Sequence[dict]
+              ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        if len(responses) != len(examples):
+            raise ValueError(f"score() got {len(responses)} responses but {len(examples)} examples; "
+                             "pass one example per response (repeat it for each sample of a group)")
+        scores_B = torch.zeros(len(responses), dtype=torch.float32)
+        correct_B = torch.zeros(len(responses), dtype=torch.bool)
+        metrics: dict[str, float] = {}
+        for position, entry in enumerate(self.entries):
+            values, timeouts, errors = self._values(entry, responses, examples)
+            values_B = torch.tensor(values, dtype=torch.float32)
+            scores_B += entry.weight * values_B
+            if position == 0:
+                correct_B = values_B >= 0.5
+            metrics[f"reward/{entry.name}/mean"] = float(values_B.mean()) if len(values) else 0.0
+            metrics[f"reward/{entry.name}/timeouts"] = float(timeouts)
+            metrics[f"reward/{entry.name}/errors"] = float(errors)
+        return scores_B, correct_B, metrics
+
+    def _values(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict]
+                ) -> tuple[list[float], int, int]:
+        if entry.in_process:
+            return self._values_in_process(entry, responses, examples)
+        if self._runner is None:
+            self._runner = IsolatedRunner(self.n_workers)
+        outcomes = self._runner.map(entry.path, list(zip(responses, examples)), self.timeout_s)
+        values, timeouts, errors = [], 0, 0
+        for outcome in outcomes:
+            value, problem = _as_reward(outcome)
+            values.append(value)
+            timeouts += outcome.status == "timeout"
+            errors += problem is not None and outcome.status != "timeout"
+            if problem:
+                self._warn_once(entry, outcome.status if outcome.status == "timeout" else "error", problem)
+        return values, timeouts, errors
+
+    def _values_in_process(self, entry: _Entry, responses, examples) -> tuple[list[float], int, int]:
+        counter = getattr(entry.fn, "timeout_counter", None)
+        timeouts_before = counter() if counter else 0
+        kwargs = {"timeout_s": self.timeout_s} if getattr(entry.fn, "time_bounded", False) else {}
+        values, errors = [], 0
+        for response, example in zip(responses, examples):
+            try:
+                value, problem = _as_reward(CallOutcome("ok", entry.fn(response, example, **kwargs)))
+            except Exception as exc:  # noqa: BLE001 - a failing reward must not stop training
+                value, problem = 0.0, f"{type(exc).__name__}: {exc}"
+            values.append(value)
+            if problem:
+                errors += 1
+                self._warn_once(entry, "error", problem)
+        timeouts = (counter() - timeouts_before) if counter else 0
+        if timeouts:
+            self._warn_once(entry, "timeout", f"{timeouts} checks ran past {self.timeout_s:g} s")
+        return values, timeouts, errors
+
+    def _warn_once(self, entry: _Entry, kind: str, detail: str) -> None:
+        if (entry.name, kind) in self._warned:
+            return
+        self._warned.add((entry.name, kind))
+        what = "ran past its time limit" if kind == "timeout" else "failed"
+        warnings.warn(f"reward function {entry.path} {what} on a response, which scored 0 "
+                      f"(first case: {detail}). Further cases are counted in reward/{entry.name}/{kind}s "
+                      "without more warnings.", RewardWarning, stacklevel=4)
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+
+def _import_path(fn: Callable) -> str | None:
+    """`module:qualname` if a worker process could import `fn` by that path, else None."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<" in qualname:
+        return None
+    try:
+        return f"{module}:{qualname}" if resolve_function(f"{module}:{qualname}") is fn else None
+    except ValueError:
+        return None
+
+
+def _as_reward(outcome: CallOutcome) -> tuple[float, str | None]:
+    """(value, None) for a finite number; (0.0, reason) for anything else."""
+    if outcome.status != "ok":
+        return 0.0, outcome.error
+    value: Any = outcome.value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0.0, f"returned {type(value).__name__} {value!r:.80}, not a number"
+    if not math.isfinite(number):
+        return 0.0, f"returned {number}"
+    return number, None

@@ -1,0 +1,50 @@
+"""Isolated worker processes: results, errors, hard timeouts, crashed workers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from literl.rewards.isolation import IsolatedRunner, resolve_function
+
+
+@pytest.fixture
+def runner():
+    r = IsolatedRunner(2)
+    yield r
+    r.close()
+
+
+def test_results_errors_and_stats(runner):
+    outcomes = runner.map("math:sqrt", [(4.0,), (-1.0,), (9.0,)], timeout_s=30)
+    assert [o.status for o in outcomes] == ["ok", "error", "ok"]
+    assert outcomes[0].value == 2.0 and outcomes[2].value == 3.0
+    assert "math domain error" in outcomes[1].error
+    assert runner.stats == {"calls": 3, "timeouts": 0, "errors": 1}
+
+
+def test_a_hung_call_is_killed_at_its_deadline_and_the_pool_recovers(runner):
+    start = time.perf_counter()
+    outcomes = runner.map("sample_reward_fns:busy_forever", [("r", {}), ("r", {})], timeout_s=0.5)
+    elapsed = time.perf_counter() - start
+    assert [o.status for o in outcomes] == ["timeout", "timeout"]
+    assert elapsed < 0.5 + 10          # both in parallel; the margin covers two worker start-ups under load
+    assert runner.call("math:sqrt", (16.0,), timeout_s=30).value == 4.0
+
+
+def test_a_crashed_worker_is_an_error_not_a_crash(runner):
+    outcome = runner.call("sample_reward_fns:kills_its_process", ("r", {}), timeout_s=30)
+    assert outcome.status == "error" and "died" in outcome.error
+    assert runner.call("math:sqrt", (1.0,), timeout_s=30).status == "ok"
+
+
+@pytest.mark.parametrize("path,message", [
+    ("no_colon_here", "must look like 'package.module:function'"),
+    ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+    ("sample_reward_fns:missing", "has no function 'missing'"),
+    ("sample_reward_fns:NOT_A_FUNCTION", "not a function"),
+])
+def test_resolve_function_errors_name_the_problem(path, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_function(path)
