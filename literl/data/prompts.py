@@ -1,0 +1,55 @@
+"""Prompt templates: how a problem becomes the token ids a model continues.
+
+    plain  problem + "\\nPlease reason step by step, and put your final answer within \\boxed{}."
+           encoded with the tokenizer's own special tokens (a BOS if the tokenizer adds one)
+    chat   the tokenizer's chat template (`apply_chat_template`, add_generation_prompt=True) with one user
+           message: the plain text above. The template writes any BOS/role tokens itself, so the text is
+           encoded without adding special tokens again.
+    raw    the problem text verbatim (base models prompted with their own format; the char-level testbed)
+    auto   chat if the tokenizer has a chat template, else plain
+
+The instruction is the one the LitePPO paper (arXiv:2508.08221 §3.1) and SimpleRL-Zoo use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+TEMPLATES = ("auto", "chat", "plain", "raw")
+
+
+def resolve_template(template: str, tokenizer: Any) -> str:
+    """The concrete template (`auto` resolved); an unknown name or a chat-less `chat` raises with the fix."""
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown prompt template {template!r}; valid templates: {', '.join(TEMPLATES)}")
+    has_chat = bool(getattr(tokenizer, "chat_template", None))
+    if template == "auto":
+        return "chat" if has_chat else "plain"
+    if template == "chat" and not has_chat:
+        raise ValueError("template 'chat' needs a tokenizer with a chat_template, and this one has none; "
+                         "use template 'plain' (instruction appended) or 'raw' (problem verbatim)")
+    return template
+
+
+def render_prompt_text(problem: str, tokenizer: Any, template: str) -> str:
+    """The prompt as text, exactly what `render_prompt` encodes."""
+    template = resolve_template(template, tokenizer)
+    if template == "raw":
+        return problem
+    instructed = f"{problem}\n{INSTRUCTION}"
+    if template == "plain":
+        return instructed
+    return tokenizer.apply_chat_template([{"role": "user", "content": instructed}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def render_prompt(problem: str, tokenizer: Any, template: str) -> list[int]:
+    """The prompt as token ids, ready for `Generator.generate`."""
+    text = render_prompt_text(problem, tokenizer, template)
+    # A chat template already wrote its special tokens; adding them again would double the BOS.
+    add_special = resolve_template(template, tokenizer) != "chat"
+    ids = tokenizer(text, add_special_tokens=add_special)["input_ids"]
+    if not ids:
+        raise ValueError(f"the prompt for problem {problem[:60]!r} encodes to no tokens")
+    return list(ids)
