@@ -73,6 +73,10 @@ def none(old_logp_BT, rollout_logp_BT, mask_BT):
     return _finish(ones_BT, mask_BT, mask_BT, "truncated_frac", torch.zeros_like(mask_BT))
 
 
+# The objective may then skip the old-logp recompute on a single on-policy update (old = sg(logp) exactly).
+none.is_identity = True
+
+
 @IS_CORRECTIONS.register
 def token_tis(old_logp_BT, rollout_logp_BT, mask_BT, *, cap=2.0):
     """Truncated importance sampling per token (one-sided, upper).

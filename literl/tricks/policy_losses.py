@@ -169,18 +169,25 @@ def gspo_token(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_lo
 
 
 @POLICY_LOSSES.register
-def cispo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, ub=5.0, lb=None, unified_mask=False,
-          log_ratio_clamp=20.0):
+def cispo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, ub=5.0, lb=None, eps_high=None, eps_low=None,
+          unified_mask=False, log_ratio_clamp=20.0):
     """CISPO: REINFORCE weighted by a clipped, detached IS ratio; clipped tokens keep their gradient.
 
         ρ_t = exp(sg(logp_t) − old_logp_t),   ŵ_t = clamp(ρ_t, lb, ub)   (ub absolute cap, lb None = none)
         loss_t = −M_t·sg(ŵ_t)·A_t·logp_t
         M_t = 1, or with unified_mask: 0 if (A>0 ∧ ρ>ub) ∨ (A<0 ∧ lb set ∧ ρ<lb)
 
+    The bounds can also be given in the paper's notation, r̂ = clip(ρ, 1 − ε_low^IS, 1 + ε_high^IS):
+    eps_high sets ub = 1 + eps_high and eps_low sets lb = 1 − eps_low (each overrides ub / lb when given).
+    Mind the convention: TRL's CISPO `epsilon_high` is the absolute cap, i.e. our `ub`.
     Past the cap the gradient is ub·A·∇logp, not 0 as in PPO; the unified mask restores PPO's zero set.
     Extra metric: capped_frac (ŵ ≠ ρ). ratio_outside_* are ρ>ub / ρ<lb; clipfrac_binding_* the M = 0 sets.
     Refs: MiniMax-M1 arXiv:2506.13585 Eq. 4–7 (TRL loss_type="cispo": absolute cap, ScaleRL ub = 5); algorithms.md §2.6.
     """
+    if eps_high is not None:
+        ub = 1.0 + eps_high
+    if eps_low is not None:
+        lb = 1.0 - eps_low
     log_ratio_BT = _log_ratio(logp_BT.detach(), old_logp_BT, log_ratio_clamp)
     ratio_BT = torch.exp(log_ratio_BT)
     w_BT = ratio_BT.clamp(min=lb, max=ub) if (lb, ub) != (None, None) else ratio_BT

@@ -290,3 +290,18 @@ def test_log_ratio_clamp_keeps_outliers_finite():
     loss, m, grad = call("ppo_clip", [100.0, -100.0], [0.0, 0.0], [-1.0, 1.0])
     assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
     close(m["ratio_max"], math.exp(20.0), atol=1e3)
+
+
+def test_cispo_paper_notation_sets_the_bounds():
+    """eps_high = 0.2 ⇔ ub = 1.2 and eps_low = 0.5 ⇔ lb = 0.5 (r̂ = clip(ρ, 1 − ε_low, 1 + ε_high), §2.6):
+    ratios [0.25, 1.0, 3.0] with A = +1 → weights [0.5, 1.0, 1.2] either way."""
+    logp = torch.log(torch.tensor([[0.25, 1.0, 3.0]])) + torch.log(torch.tensor(0.1))
+    old = torch.full((1, 3), float(torch.log(torch.tensor(0.1))))
+    adv, mask = torch.ones(1, 3), torch.ones(1, 3, dtype=torch.bool)
+    paper = POLICY_LOSSES.build("cispo", {"eps_high": 0.2, "eps_low": 0.5})
+    absolute = POLICY_LOSSES.build("cispo", {"ub": 1.2, "lb": 0.5})
+    for fn in (paper, absolute):
+        lp = logp.clone().requires_grad_(True)
+        loss, _ = fn(lp, old, old, adv, mask)
+        loss.sum().backward()
+        torch.testing.assert_close(lp.grad, -torch.tensor([[0.5, 1.0, 1.2]]))

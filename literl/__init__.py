@@ -1,0 +1,34 @@
+"""literl: reinforcement learning for language models on verifiable reasoning tasks.
+
+Every RL trick is one switch (see `literl.tricks` and `literl config --explain`), and the arena
+(`literl ablate`) tests tricks fairly over seeds and scenarios. Python API:
+
+    import literl
+    cfg = literl.load_config(preset="lite_ppo", overrides=["trainer.steps=40"])
+    run_dir = literl.train(cfg)                      # the embedded testbed
+    literl.math_reward(r"... \\boxed{42}", "42")      # 1.0
+"""
+
+from literl.config import Config, TrickSpec, trick
+from literl.config_loader import load_config, preset_names
+from literl.registry import ConfigError
+
+__version__ = "0.1.0"
+
+
+def math_reward(response: str, gold: str) -> float:
+    """1.0 if the final \\boxed{} answer of `response` is equivalent to `gold`, else 0.0 (time-bounded)."""
+    from literl.rewards.math_answer import math_reward as _math_reward
+
+    return _math_reward(response, gold)
+
+
+def train(config: Config | None = None, **kwargs):
+    """Train and return the run directory; see `literl.training.api.train` for the arguments."""
+    from literl.training.api import train as _train
+
+    return _train(config, **kwargs)
+
+
+__all__ = ["Config", "ConfigError", "TrickSpec", "trick", "load_config", "preset_names", "math_reward", "train",
+           "__version__"]

@@ -1,0 +1,171 @@
+"""The config tree: typed dataclasses, loaded with OmegaConf from defaults ← preset ← YAML file ← key=value.
+
+Every trick is a `TrickSpec(name, params)`; its parameters' defaults live in the trick function's signature
+(one source of truth) and are checked against it when the config loads, so a typo fails in the first
+second. Multi-entry axes (`loss_masks`, `reward_shaping`) are maps from trick name to params, applied in
+order. `literl config --explain` prints every key with its help text.
+
+    literl train --preset dapo algorithm.policy_loss.name=cispo algorithm.policy_loss.params.ub=5.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from literl.registry import ConfigError
+
+
+def knob(default: Any = dataclasses.MISSING, help: str = "", *, factory=None):
+    """A config field with its help text (shown by `literl config --explain` and `--help`)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrickSpec:
+    name: str = knob(help="registered name of the trick (see `literl config --explain` for the valid names)")
+    params: dict[str, Any] = knob(help="keyword parameters; unset ones take the function's defaults",
+                                  factory=dict)
+
+
+def trick(name: str, **params) -> TrickSpec:
+    return TrickSpec(name=name, params=dict(params))
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = knob(None, "Hugging Face model directory (or hub id when the hub is reachable). "
+                                  "null: the embedded testbed model")
+    testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro")
+    dtype: str = knob("float32", "training precision: float32 | bfloat16")
+    reference: str | None = knob(None, "reference model for KL; null: a frozen copy of the starting policy")
+
+
+@dataclass
+class DataConfig:
+    train: str | None = knob(None, "training problems: a .jsonl/.parquet file, a benchmark name in data.dir, or "
+                                   "a Hugging Face dataset id. null: the testbed's train split")
+    dir: str | None = knob(None, "data directory for benchmark names (else $LITERL_DATA_DIR)")
+    problem_field: str = knob("problem", "field holding the problem text")
+    answer_field: str = knob("answer", "field holding the gold answer")
+    id_field: str = knob("id", "field holding a row id (row number when absent)")
+    template: str = knob("auto", "prompt template: auto | plain | chat | raw (the testbed always uses raw)")
+    difficulty: str = knob("mixed", "testbed training tier: easy | medium | hard | mixed")
+    size: int = knob(20000, "testbed training problems to generate")
+    limit: int | None = knob(None, "use only the first N training problems")
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = knob(32, "P: prompts per rollout batch")
+    group_size: int = knob(8, "G: samples per prompt")
+    temperature: float = knob(1.0, "sampling temperature (the log-probs of every policy use it too)")
+    top_p: float = knob(1.0, "nucleus sampling threshold; 1.0 disables it")
+    top_k: int = knob(0, "top-k sampling; 0 disables it")
+    max_new_tokens: int = knob(64, "generation cap; a response that reaches it without EOS is truncated")
+    dtype: str = knob("float32", "rollout precision: float32 | bfloat16 (bfloat16 makes a real "
+                                 "training–inference mismatch to study IS corrections on CPU)")
+    max_rounds: int = knob(1, "sampling rounds per step; >1 lets a group filter (dynamic sampling) refill "
+                              "the batch")
+
+
+@dataclass
+class RewardFnSpec:
+    fn: str = knob("literl.rewards.math_answer:math_accuracy",
+                   "import path `package.module:function` of f(response, example) -> float")
+    weight: float = knob(1.0, "weight of this function in the summed score")
+
+
+@dataclass
+class RewardConfig:
+    fns: list[RewardFnSpec] = knob(help="reward functions, summed with weights; the first one decides "
+                                        "accuracy (output >= 0.5)", factory=lambda: [RewardFnSpec()])
+    timeout_s: float = knob(5.0, "wall-clock bound per reward check; a check that runs over scores 0")
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: TrickSpec = knob(help="advantage estimator", factory=lambda: trick("grpo"))
+    policy_loss: TrickSpec = knob(help="per-token policy loss", factory=lambda: trick("ppo_clip"))
+    aggregation: TrickSpec = knob(help="how token losses are weighted into the step loss",
+                                  factory=lambda: trick("seq_mean_token_mean"))
+    is_correction: TrickSpec = knob(help="training–inference importance-sampling correction",
+                                    factory=lambda: trick("none"))
+    kl: TrickSpec = knob(help="KL estimator to the reference policy", factory=lambda: trick("k3"))
+    kl_coef: float = knob(0.0, "β: KL weight; 0 disables the KL term and the reference model")
+    kl_in_reward: bool = knob(False, "true: −β·KL(old‖ref) is a per-token reward penalty; false: β·KL(θ‖ref) "
+                                     "is a loss term")
+    entropy_coef: float = knob(0.0, "entropy bonus weight (loss −= coef · aggregated entropy)")
+    loss_masks: dict[str, dict[str, Any]] = knob(help="loss masks, name → params (e.g. overlong: {})",
+                                                 factory=dict)
+    reward_shaping: dict[str, dict[str, Any]] = knob(
+        help="reward transforms applied in order, name → params (e.g. rescale: {low: -1})", factory=dict)
+    group_filter: TrickSpec = knob(help="which groups enter the batch (dynamic sampling)",
+                                   factory=lambda: trick("keep_all"))
+    bypass_mode: bool = knob(False, "use the rollout engine's log-probs as old_logp (no recompute pass)")
+
+
+@dataclass
+class OptimConfig:
+    lr: float | None = knob(None, "AdamW learning rate; null: 1e-6 for a Hugging Face model (the LitePPO "
+                                  "paper's value), the testbed's tuned value for the testbed")
+    weight_decay: float = knob(0.0, "AdamW weight decay")
+    betas: list[float] = knob(help="AdamW betas", factory=lambda: [0.9, 0.999])
+    eps: float = knob(1e-8, "AdamW epsilon")
+    max_grad_norm: float = knob(1.0, "gradient-norm clip; 0 disables it")
+    warmup_steps: int = knob(0, "linear learning-rate warm-up, in optimizer steps")
+    schedule: str = knob("constant", "learning-rate schedule after warm-up: constant | linear | cosine")
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = knob(40, "rollout batches to train on")
+    minibatches: int = knob(1, "optimizer steps per rollout batch (1: on-policy; >1: off-policy updates)")
+    micro_batch_tokens: int = knob(16384, "max padded tokens per forward/backward (gradient accumulation "
+                                          "unit; exactness does not depend on it)")
+    output_dir: str | None = knob(None, "run directory; null: runs/<preset>-<timestamp>")
+    resume: bool = knob(False, "continue the run in output_dir from its last checkpoint")
+    save_every: int = knob(0, "checkpoint every N steps (0: only at the end and on Ctrl-C)")
+    keep_checkpoints: int = knob(2, "how many recent checkpoints to keep")
+    log_samples: int = knob(4, "sample responses written to samples.jsonl per step")
+    trackers: list[str] = knob(help="extra metric sinks: tensorboard, wandb", factory=list)
+    threads: int | None = knob(None, "torch CPU threads; null: all cores")
+    recompute_old_logp: str = knob("auto", "auto: reuse the update's own detached log-probs as old_logp when "
+                                           "that is exact (one on-policy mini-batch, no IS correction); "
+                                           "always: run the recompute pass every step")
+    device: str = knob("auto", "auto | cpu | cuda")
+    progress: bool = knob(True, "show a progress bar")
+
+
+@dataclass
+class EvalConfig:
+    every: int = knob(0, "held-out evaluation every N steps (0: only before and after training)")
+    benchmarks: list[str] = knob(help="benchmarks to evaluate on; 'testbed' is the testbed's held-out split",
+                                 factory=lambda: ["testbed"])
+    samples: int = knob(4, "samples per problem (accuracy is their average)")
+    temperature: float | None = knob(None, "sampling temperature; null: rollout.temperature")
+    greedy: bool = knob(True, "also report greedy accuracy")
+    limit: int | None = knob(200, "problems per benchmark (null: all)")
+    max_new_tokens: int | None = knob(None, "null: rollout.max_new_tokens")
+    before: bool = knob(True, "evaluate before the first step (the 'before' of the summary)")
+
+
+@dataclass
+class Config:
+    seed: int = knob(0, "seed for sampling, data order and mini-batch shuffling")
+    preset: str | None = knob(None, "the preset this config started from (informational)")
+    model: ModelConfig = knob(help="policy model", factory=ModelConfig)
+    data: DataConfig = knob(help="training problems", factory=DataConfig)
+    rollout: RolloutConfig = knob(help="sampling", factory=RolloutConfig)
+    reward: RewardConfig = knob(help="reward functions", factory=RewardConfig)
+    algorithm: AlgorithmConfig = knob(help="the RL objective: one switch per trick", factory=AlgorithmConfig)
+    optim: OptimConfig = knob(help="optimizer", factory=OptimConfig)
+    trainer: TrainerConfig = knob(help="loop, checkpoints, logging", factory=TrainerConfig)
+    eval: EvalConfig = knob(help="held-out evaluation", factory=EvalConfig)
+
+
+__all__ = ["Config", "ConfigError", "TrickSpec", "trick", "ModelConfig", "DataConfig", "RolloutConfig",
+           "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig", "EvalConfig"]

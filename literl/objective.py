@@ -1,0 +1,228 @@
+"""The objective: the one place where tricks are composed.
+
+    L(θ) = Σ_{b,t} w_bt · ( c_bt · ℓ_policy(logp, old_logp, rollout_logp, A)_bt
+                            + β · KL_est(logp, ref_logp)_bt            (KL as a loss term)
+                            − c_H · H_bt )                             (entropy bonus)
+
+    w  = aggregation weights: numerator_bt / Σ denominator, computed once per optimizer step over the
+         whole step batch, with the loss mask folded in (response ∧ loss masks ∧ IS keep)
+    c  = training–inference IS-correction weight (detached)
+    A  = advantages from the shaped rewards (and −β·KL per token when KL is a reward penalty)
+
+Because every normaliser is in `w`, the loss of a micro-batch is a plain weighted sum: micro-batch
+losses add up to the full-step loss exactly, whatever the split (and, later, whatever the ranks, once
+the denominators are all-reduced). Axis metrics come back with their axis as prefix
+(`policy_loss/clipfrac_binding_high`, `is_correction/ess`, ...). Nothing here compares a trick name:
+every trick arrives built from its registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from literl.batch import RolloutBatch, TrainBatch
+from literl.diagnostics.importance import is_decomposition, mismatch_metrics
+from literl.ops import group_mean_std, masked_mean
+from literl.tricks import (ADVANTAGES, AGGREGATIONS, GROUP_FILTERS, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_MASKS,
+                           POLICY_LOSSES, REWARD_SHAPING)
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor                      # this micro-batch's share of the step loss (with grad)
+    metrics: dict[str, torch.Tensor]        # scalar metrics, token-weighted by `num_loss_tokens`
+    token_maps: dict[str, torch.Tensor] = field(default_factory=dict)   # per-token maps (clipped_high_BT ...)
+    num_loss_tokens: int = 0
+
+
+class Objective:
+    """Built once from `cfg.algorithm`; `prepare` runs once per rollout batch, `loss` per micro-batch."""
+
+    def __init__(self, *, advantage: Callable, policy_loss: Callable, aggregation: Callable,
+                 is_correction: Callable, kl: Callable, kl_coef: float, kl_in_reward: bool, entropy_coef: float,
+                 loss_masks: list[Callable], reward_shaping: list[Callable], group_filter: Callable,
+                 bypass_mode: bool):
+        self.advantage, self.policy_loss, self.aggregation = advantage, policy_loss, aggregation
+        self.is_correction, self.kl, self.group_filter = is_correction, kl, group_filter
+        self.kl_coef, self.kl_in_reward, self.entropy_coef = kl_coef, kl_in_reward, entropy_coef
+        self.loss_masks, self.reward_shaping, self.bypass_mode = loss_masks, reward_shaping, bypass_mode
+
+    @classmethod
+    def from_config(cls, cfg) -> "Objective":
+        """Build every axis from a full `Config` (the run's max_new_tokens is context for some tricks)."""
+        a = cfg.algorithm
+        ctx = {"max_new_tokens": cfg.rollout.max_new_tokens}
+
+        def one(registry, spec, where):
+            return registry.build(spec.name, spec.params, where=f"algorithm.{where}", context=ctx)
+
+        return cls(
+            advantage=one(ADVANTAGES, a.advantage, "advantage"),
+            policy_loss=one(POLICY_LOSSES, a.policy_loss, "policy_loss"),
+            aggregation=one(AGGREGATIONS, a.aggregation, "aggregation"),
+            is_correction=one(IS_CORRECTIONS, a.is_correction, "is_correction"),
+            kl=one(KL_ESTIMATORS, a.kl, "kl"),
+            group_filter=one(GROUP_FILTERS, a.group_filter, "group_filter"),
+            loss_masks=[LOSS_MASKS.build(n, p or {}, where=f"algorithm.loss_masks.{n}", context=ctx)
+                        for n, p in a.loss_masks.items()],
+            reward_shaping=[REWARD_SHAPING.build(n, p or {}, where=f"algorithm.reward_shaping.{n}", context=ctx)
+                            for n, p in a.reward_shaping.items()],
+            kl_coef=a.kl_coef, kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef, bypass_mode=a.bypass_mode,
+        )
+
+    # ------------------------------------------------------------------------------------ what the loop asks
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    def needs_old_logp_pass(self, minibatches: int) -> bool:
+        """Whether old_logp must be recomputed before the update.
+
+        It need not when it can be read off the update itself: with one on-policy mini-batch, θ = θ_old in
+        the only forward, so old_logp = sg(logp) exactly — unless something in `prepare` (an IS correction,
+        a KL reward penalty) needs it first. Bypass mode never recomputes: old_logp := rollout_logp.
+        """
+        if self.bypass_mode:
+            return False
+        identity_correction = getattr(self.is_correction, "is_identity", False)
+        return minibatches > 1 or not identity_correction or (self.kl_in_reward and self.kl_coef > 0)
+
+    def shape_rewards(self, scores_B: torch.Tensor, lengths_B: torch.Tensor, truncated_B: torch.Tensor):
+        rewards_B = scores_B.float()
+        for shape in self.reward_shaping:
+            rewards_B = shape(rewards_B, lengths_B, truncated_B)
+        return rewards_B
+
+    def keep_groups(self, correct_B: torch.Tensor, rewards_B: torch.Tensor, group_B: torch.Tensor) -> torch.Tensor:
+        return self.group_filter(correct_B, rewards_B, group_B)
+
+    # ------------------------------------------------------------------------------------ once per rollout batch
+    def prepare(self, batch: RolloutBatch, *, old_logp_BT: torch.Tensor | None = None,
+                ref_logp_BT: torch.Tensor | None = None, minibatches: int = 1,
+                rng: torch.Generator | None = None) -> tuple[TrainBatch, dict[str, float]]:
+        """Everything that does not depend on θ: masks, IS weights, advantages, aggregation weights."""
+        if self.bypass_mode:
+            old_logp_BT = batch.rollout_logp_BT
+        mask_BT = batch.mask_BT
+        loss_mask_BT = mask_BT.clone()
+        for loss_mask in self.loss_masks:
+            loss_mask_BT &= loss_mask(mask_BT, batch.truncated_B)
+        metrics: dict[str, float] = {}
+        if old_logp_BT is not None:
+            is_weight_BT, keep_BT, is_metrics = self.is_correction(old_logp_BT, batch.rollout_logp_BT, loss_mask_BT)
+            metrics.update(_prefixed("is_correction", is_metrics))
+        elif getattr(self.is_correction, "is_identity", False):
+            is_weight_BT, keep_BT = torch.ones_like(batch.rollout_logp_BT), torch.ones_like(mask_BT)
+        else:
+            raise ValueError("this objective's IS correction needs old_logp in prepare(); run the old-logp pass "
+                             "(see Objective.needs_old_logp_pass)")
+        advantage_mask_BT = loss_mask_BT.clone()
+        loss_mask_BT &= keep_BT
+
+        token_rewards_BT = torch.zeros_like(batch.rollout_logp_BT)
+        if self.kl_in_reward and self.kl_coef > 0:
+            behaviour_BT = old_logp_BT if old_logp_BT is not None else batch.rollout_logp_BT
+            token_rewards_BT = -self.kl_coef * self.kl(behaviour_BT, ref_logp_BT).detach()
+            metrics["kl/reward_penalty_mean"] = float(masked_mean(-token_rewards_BT, advantage_mask_BT))
+        adv_BT = self.advantage(batch.rewards_B, batch.group_B, advantage_mask_BT, token_rewards_BT).detach()
+
+        minibatch_B = _assign_minibatches(batch.group_B, minibatches, rng)
+        weight_BT = torch.zeros_like(batch.rollout_logp_BT)
+        for k in range(minibatches):
+            rows = minibatch_B == k
+            numerator_BT, denominator = self.aggregation(loss_mask_BT[rows], batch.group_B[rows])
+            weight_BT[rows] = numerator_BT / denominator.clamp(min=1)
+
+        metrics.update(self._batch_metrics(batch, adv_BT, mask_BT, loss_mask_BT))
+        train = TrainBatch(
+            tokens_BL=batch.tokens_BL, prompt_len_B=batch.prompt_len_B, response_ids_BT=batch.response_ids_BT,
+            mask_BT=mask_BT, loss_mask_BT=loss_mask_BT, rollout_logp_BT=batch.rollout_logp_BT,
+            old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT, adv_BT=adv_BT, is_weight_BT=is_weight_BT.detach(),
+            weight_BT=weight_BT, minibatch_B=minibatch_B, extras=dict(batch.extras), pad_id=batch.pad_id)
+        return train, metrics
+
+    @staticmethod
+    def _batch_metrics(batch: RolloutBatch, adv_BT, mask_BT, loss_mask_BT) -> dict[str, float]:
+        _, std_B, count_B = group_mean_std(batch.rewards_B, batch.group_B)
+        multi = count_B > 1
+        response_tokens = int(mask_BT.sum())
+        return {
+            "advantage/mean": float(masked_mean(adv_BT, loss_mask_BT)),
+            "advantage/std": float(masked_mean((adv_BT - masked_mean(adv_BT, loss_mask_BT)) ** 2, loss_mask_BT).sqrt()),
+            "advantage/zero_std_group_frac": float(((std_B == 0) & multi).float().sum() / multi.sum().clamp(min=1)),
+            "loss_mask/kept_token_frac": float(loss_mask_BT.sum()) / max(response_tokens, 1),
+            "loss_mask/masked_seq_frac": float((~loss_mask_BT.any(-1) & mask_BT.any(-1)).float().mean())
+            if len(batch) else 0.0,
+        }
+
+    # ------------------------------------------------------------------------------------ once per micro-batch
+    def loss(self, logp_BT: torch.Tensor, mb: TrainBatch, entropy_BT: torch.Tensor | None = None) -> LossOutput:
+        """This micro-batch's share of the step loss: Σ w · (c·ℓ + β·KL − c_H·H)."""
+        mask_BT = mb.loss_mask_BT
+        old_logp_BT = mb.old_logp_BT if mb.old_logp_BT is not None else logp_BT.detach()
+        policy_BT, policy_metrics = self.policy_loss(logp_BT, old_logp_BT, mb.rollout_logp_BT, mb.adv_BT, mask_BT)
+        token_maps = {k: v for k, v in policy_metrics.items() if k.endswith("_BT")}
+        metrics = _prefixed("policy_loss", {k: v for k, v in policy_metrics.items() if not k.endswith("_BT")})
+
+        w_BT = mb.weight_BT
+        zero = torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device)
+        # where(): a masked token may hold inf/NaN from a clamped ratio; 0·NaN would poison the sum
+        policy_term = torch.where(w_BT != 0, w_BT * mb.is_weight_BT * policy_BT, zero).sum()
+        total = policy_term
+        metrics["loss/policy"] = policy_term.detach()
+        if self.kl_coef > 0 and not self.kl_in_reward:
+            kl_BT = self.kl(logp_BT, mb.ref_logp_BT)
+            kl_term = torch.where(w_BT != 0, w_BT * kl_BT, zero).sum()
+            total = total + self.kl_coef * kl_term
+            metrics["loss/kl"] = kl_term.detach()
+            metrics["kl/mean"] = masked_mean(kl_BT.detach(), mask_BT)
+        if self.entropy_coef > 0 and entropy_BT is not None:
+            entropy_term = torch.where(w_BT != 0, w_BT * entropy_BT, zero).sum()
+            total = total - self.entropy_coef * entropy_term
+            metrics["loss/entropy_bonus"] = entropy_term.detach()
+        metrics["loss/total"] = total.detach()
+        with torch.no_grad():
+            metrics.update(_prefixed("mismatch", mismatch_metrics(old_logp_BT, mb.rollout_logp_BT, mb.mask_BT)))
+            metrics.update(is_decomposition(logp_BT.detach(), old_logp_BT, mb.rollout_logp_BT, mb.mask_BT))
+        return LossOutput(total, {k: v.detach() if torch.is_tensor(v) else v for k, v in metrics.items()},
+                          token_maps, int(mask_BT.sum()))
+
+    # ------------------------------------------------------------------------------------ config-time check
+    def self_check(self) -> None:
+        """Run prepare → loss → backward on a tiny synthetic batch, so bad param values fail at load time."""
+        g = torch.Generator().manual_seed(0)
+        B, T = 4, 3
+        mask_BT = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]], dtype=torch.bool)
+        rollout_BT = -torch.rand(B, T, generator=g)
+        batch = RolloutBatch(
+            tokens_BL=torch.zeros(B, T + 1, dtype=torch.long), prompt_len_B=torch.ones(B, dtype=torch.long),
+            response_ids_BT=torch.zeros(B, T, dtype=torch.long), mask_BT=mask_BT, rollout_logp_BT=rollout_BT,
+            truncated_B=torch.tensor([False, True, False, False]), group_B=torch.tensor([0, 0, 1, 1]),
+            scores_B=torch.tensor([1.0, 0.0, 1.0, 0.0]), correct_B=torch.tensor([True, False, True, False]),
+            rewards_B=torch.tensor([1.0, 0.0, 1.0, 0.0]), problem_B=torch.tensor([0, 0, 1, 1]))
+        batch.rewards_B = self.shape_rewards(batch.scores_B, mask_BT.sum(-1), batch.truncated_B)
+        self.keep_groups(batch.correct_B, batch.rewards_B, batch.group_B)
+        train, _ = self.prepare(batch, old_logp_BT=rollout_BT + 0.01, ref_logp_BT=rollout_BT - 0.01, rng=g)
+        logp_BT = (rollout_BT + 0.02).requires_grad_(True)
+        out = self.loss(logp_BT, train, entropy_BT=torch.rand(B, T, generator=g))
+        out.loss.backward()
+        if not torch.isfinite(out.loss) or not torch.isfinite(logp_BT.grad).all():
+            raise ValueError("the configured objective produced a non-finite loss on a test batch; check the "
+                             "algorithm params (e.g. clip bounds, caps)")
+
+
+def _assign_minibatches(group_B: torch.Tensor, minibatches: int, rng: torch.Generator | None) -> torch.Tensor:
+    """Shuffle whole groups into `minibatches` nearly equal parts (a group never straddles two steps)."""
+    groups = torch.unique(group_B)
+    if minibatches <= 1 or len(groups) == 0:
+        return torch.zeros_like(group_B)
+    order = groups[torch.randperm(len(groups), generator=rng)]
+    part_of_group = {int(gid): i * minibatches // len(order) for i, gid in enumerate(order.tolist())}
+    return torch.tensor([part_of_group[int(gid)] for gid in group_B.tolist()], dtype=torch.long)
+
+
+def _prefixed(axis: str, metrics: dict) -> dict:
+    return {f"{axis}/{k}": v for k, v in metrics.items()}

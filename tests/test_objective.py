@@ -1,0 +1,157 @@
+"""The composer: exact micro-batch invariance of the whole objective, and each term against its formula."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from literl.batch import RolloutBatch
+from literl.config_loader import load_config
+from literl.objective import Objective
+from literl.tricks import AGGREGATIONS
+
+
+def _batch(B=8, T=6, G=4, seed=0, empty_row=True):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    if empty_row:
+        lengths[-1] = 0
+    mask = torch.arange(T)[None] < lengths[:, None]
+    prompt_len = torch.randint(1, 4, (B,), generator=g)
+    L = int((prompt_len + lengths).max())
+    tokens = torch.randint(3, 50, (B, L), generator=g)
+    rewards = torch.randint(0, 2, (B,), generator=g).float()
+    return RolloutBatch(
+        tokens_BL=tokens, prompt_len_B=prompt_len, response_ids_BT=torch.randint(3, 50, (B, T), generator=g),
+        mask_BT=mask, rollout_logp_BT=-torch.rand(B, T, generator=g) * mask,
+        truncated_B=lengths == T, group_B=torch.arange(B) // G, scores_B=rewards, correct_B=rewards > 0,
+        rewards_B=rewards, problem_B=torch.arange(B) // G)
+
+
+def _objective(*overrides):
+    return Objective.from_config(load_config(overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS.names())
+@pytest.mark.parametrize("loss", ["ppo_clip", "cispo", "gspo", "minirl"])
+def test_micro_batches_sum_to_the_full_step_loss_and_gradient(aggregation, loss):
+    """For every aggregation mode: Σ over uneven micro-batches of objective.loss = full-batch loss, same grads."""
+    obj = _objective(f"algorithm.aggregation.name={aggregation}", f"algorithm.policy_loss.name={loss}",
+                     "algorithm.entropy_coef=0.01", "algorithm.kl_coef=0.05")
+    batch = _batch()
+    old = batch.rollout_logp_BT + 0.05 * torch.randn(batch.rollout_logp_BT.shape, generator=torch.Generator().manual_seed(1))
+    ref = batch.rollout_logp_BT - 0.1
+    train, _ = obj.prepare(batch, old_logp_BT=old, ref_logp_BT=ref)
+    base_logp = (old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(2))).detach()
+    entropy = torch.rand(old.shape, generator=torch.Generator().manual_seed(3))
+
+    full_logp = base_logp.clone().requires_grad_(True)
+    full = obj.loss(full_logp, train, entropy)
+    full.loss.backward()
+
+    split_logp = base_logp.clone().requires_grad_(True)
+    total = 0.0
+    for rows in ([0, 5], [1, 2, 3], [4], [6, 7]):          # uneven micro-batches of uneven lengths
+        micro = train.select(torch.tensor(rows))
+        part = obj.loss(split_logp[rows], micro, entropy[rows])
+        part.loss.backward()
+        total = total + part.loss.detach()
+    torch.testing.assert_close(total, full.loss.detach(), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(split_logp.grad, full_logp.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_micro_batches_from_trainbatch_split_are_exact():
+    """The trainer's own split (sorted by length, trimmed) gives the same step loss.
+    log-probs are a function of the token ids, so each micro-batch can recompute its own."""
+    obj = _objective("algorithm.aggregation.name=token_mean")
+    batch = _batch(B=12, T=7, G=3)
+    train, _ = obj.prepare(batch, old_logp_BT=batch.rollout_logp_BT)
+
+    def logp_of(b):
+        return -0.01 * b.response_ids_BT.float()
+
+    full = obj.loss(logp_of(train), train).loss
+    micros = train.micro_batches(max_tokens=20)
+    assert len(micros) > 2
+    total = sum(obj.loss(logp_of(m), m).loss for m in micros)
+    torch.testing.assert_close(total, full, rtol=1e-6, atol=1e-7)
+
+
+def test_token_mean_weights_sum_to_one_per_minibatch_and_groups_stay_whole():
+    obj = _objective("algorithm.aggregation.name=token_mean")
+    batch = _batch(B=16, T=5, G=4, empty_row=False)
+    train, _ = obj.prepare(batch, old_logp_BT=batch.rollout_logp_BT, minibatches=2,
+                           rng=torch.Generator().manual_seed(0))
+    for mb in train.minibatches():
+        assert float(mb.weight_BT.sum()) == pytest.approx(1.0)
+        assert len(mb) == 8
+    for gid in torch.unique(train.group_B if hasattr(train, "group_B") else batch.group_B):
+        assert len(torch.unique(train.minibatch_B[batch.group_B == gid])) == 1
+
+
+def test_entropy_bonus_and_kl_loss_terms_match_their_formulas():
+    """Two tokens of one sequence, token_mean (w = 1/2 each), A = 0 so the policy term is 0:
+    KL k1 per token = logp − ref = [0.2, −0.4] → β·Σw·kl = 0.5·0.5·(0.2 − 0.4) = −0.05;
+    entropy [1, 3] → −c·Σw·H = −0.1·2 = −0.2.  Total −0.25."""
+    obj = _objective("algorithm.aggregation.name=token_mean", "algorithm.kl.name=k1", "algorithm.kl_coef=0.5",
+                     "algorithm.entropy_coef=0.1", "algorithm.advantage.name=dr_grpo")
+    batch = RolloutBatch(
+        tokens_BL=torch.zeros(1, 3, dtype=torch.long), prompt_len_B=torch.tensor([1]),
+        response_ids_BT=torch.zeros(1, 2, dtype=torch.long), mask_BT=torch.tensor([[True, True]]),
+        rollout_logp_BT=torch.tensor([[-1.0, -1.0]]), truncated_B=torch.tensor([False]), group_B=torch.tensor([0]),
+        scores_B=torch.tensor([1.0]), correct_B=torch.tensor([True]), rewards_B=torch.tensor([1.0]),
+        problem_B=torch.tensor([0]))
+    logp = torch.tensor([[-1.0, -1.0]])
+    train, _ = obj.prepare(batch, old_logp_BT=logp, ref_logp_BT=torch.tensor([[-1.2, -0.6]]))
+    out = obj.loss(logp.clone().requires_grad_(True), train, torch.tensor([[1.0, 3.0]]))
+    assert float(out.loss) == pytest.approx(-0.25, abs=1e-6)
+    assert float(out.metrics["loss/kl"]) == pytest.approx(-0.1, abs=1e-6)
+
+
+def test_old_logp_pass_is_skipped_only_when_exact():
+    assert not _objective().needs_old_logp_pass(1)
+    assert _objective().needs_old_logp_pass(2)
+    assert _objective("algorithm.is_correction.name=token_tis").needs_old_logp_pass(1)
+    assert not _objective("algorithm.bypass_mode=true").needs_old_logp_pass(4)
+    assert load_config(preset="reinforce_pp") and Objective.from_config(
+        load_config(preset="reinforce_pp")).needs_old_logp_pass(1)
+
+
+def test_bypass_mode_uses_rollout_logp_as_old():
+    obj = _objective("algorithm.bypass_mode=true")
+    batch = _batch()
+    train, _ = obj.prepare(batch)
+    assert torch.equal(train.old_logp_BT, batch.rollout_logp_BT)
+
+
+def test_overlong_mask_removes_truncated_rows_from_loss_and_denominator():
+    obj = _objective("algorithm.loss_masks={overlong: {}}", "algorithm.aggregation.name=token_mean")
+    batch = _batch(empty_row=False)
+    train, metrics = obj.prepare(batch, old_logp_BT=batch.rollout_logp_BT)
+    assert not train.loss_mask_BT[batch.truncated_B].any()
+    kept = batch.mask_BT & ~batch.truncated_B[:, None]
+    torch.testing.assert_close(train.weight_BT, kept.float() / kept.sum())
+    assert metrics["loss_mask/kept_token_frac"] == pytest.approx(float(kept.sum() / batch.mask_BT.sum()))
+
+
+def test_metrics_carry_axis_prefixes_and_token_maps_are_separate():
+    obj = _objective("algorithm.is_correction.name=token_tis")
+    batch = _batch()
+    train, prep = obj.prepare(batch, old_logp_BT=batch.rollout_logp_BT + 0.3)
+    assert any(k.startswith("is_correction/") for k in prep) and "advantage/mean" in prep
+    out = obj.loss(batch.rollout_logp_BT.clone().requires_grad_(True), train)
+    assert "policy_loss/clipfrac_binding_high" in out.metrics
+    assert "clipped_high_BT" in out.token_maps and not any(k.endswith("_BT") for k in out.metrics)
+
+
+def test_fully_masked_step_gives_zero_loss_not_nan():
+    obj = _objective("algorithm.loss_masks={overlong: {}}")
+    batch = _batch(empty_row=False)
+    batch = dataclasses.replace(batch, truncated_B=torch.ones_like(batch.truncated_B))
+    train, _ = obj.prepare(batch, old_logp_BT=batch.rollout_logp_BT)
+    logp = batch.rollout_logp_BT.clone().requires_grad_(True)
+    out = obj.loss(logp, train)
+    out.loss.backward()
+    assert float(out.loss) == 0.0 and torch.isfinite(logp.grad).all()
