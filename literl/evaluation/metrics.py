@@ -1,0 +1,77 @@
+"""Per-problem metrics over n sampled responses: pass@k, avg@k, maj@k.
+
+Averaged over the problems of a benchmark by `evaluate.py`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from literl.rewards.math_answer import normalize_answer_text
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, arXiv:2107.03374, Eq. 1):
+
+        pass@k = 1 − C(n−c, k) / C(n, k) = 1 − Π_{i=n−c+1}^{n} (1 − k/i)
+
+    The product form avoids the huge binomials. It is 1 when n − c < k (every k-subset holds a correct
+    sample). Plain "any of the first k is correct" (verl's best@k) is biased low against this estimator.
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n (got n={n}, c={c})")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 1 <= k <= n (got n={n}, k={k})")
+    if n - c < k:
+        return 1.0
+    miss_all = 1.0
+    for i in range(n - c + 1, n + 1):
+        miss_all *= 1.0 - k / i
+    return 1.0 - miss_all
+
+
+def avg_at_k(correct: Sequence[bool], k: int | None = None) -> float:
+    """Mean correctness of the first k samples (all when k is None): avg@k = (1/k) Σ_{j<k} correct_j."""
+    k = len(correct) if k is None else k
+    if not 1 <= k <= len(correct):
+        raise ValueError(f"avg_at_k needs 1 <= k <= {len(correct)} samples (got k={k})")
+    return sum(bool(x) for x in correct[:k]) / k
+
+
+def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int | None = None) -> float:
+    """Majority vote over the first k extracted answers: 1.0 if the most common answer is correct.
+
+    Answers are grouped by `normalize_answer_text` (so "\\dfrac{1}{2}" and "\\frac{1}{2}" vote together,
+    while "0.5" is a different answer). Samples without an answer (None) do not vote; if none voted the
+    result is 0. Ties go to the answer whose first vote came earliest (lowest sample index), which makes
+    maj@1 = correctness of the first sample. The group's correctness is that of its earliest sample.
+    """
+    k = len(answers) if k is None else k
+    if len(answers) != len(correct):
+        raise ValueError(f"maj_at_k got {len(answers)} answers but {len(correct)} correctness flags")
+    if not 1 <= k <= len(answers):
+        raise ValueError(f"maj_at_k needs 1 <= k <= {len(answers)} samples (got k={k})")
+    keys = [normalize_answer_text(a) if a is not None else None for a in answers[:k]]
+    votes = Counter(key for key in keys if key)
+    if not votes:
+        return 0.0
+    first_index = {}
+    for index, key in enumerate(keys):
+        if key and key not in first_index:
+            first_index[key] = index
+    winner = max(votes, key=lambda key: (votes[key], -first_index[key]))
+    return 1.0 if correct[first_index[winner]] else 0.0
+
+
+def k_values(samples: int) -> list[int]:
+    """The k reported for pass@k and maj@k: 1, 2, 4, ... up to `samples`, and `samples` itself."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1 (got {samples})")
+    ks, k = [], 1
+    while k <= samples:
+        ks.append(k)
+        k *= 2
+    if ks[-1] != samples:
+        ks.append(samples)
+    return ks

@@ -1,0 +1,40 @@
+"""Prompt templates: plain, chat, raw and auto, as text and as token ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from literl.data.prompts import INSTRUCTION, render_prompt, render_prompt_text, resolve_template
+
+PROBLEM = "What is 2+3?"
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_plain_and_raw(char_tokenizer):
+    assert render_prompt_text(PROBLEM, char_tokenizer, "plain") == PROBLEM + "\n" + INSTRUCTION
+    assert render_prompt_text(PROBLEM, char_tokenizer, "raw") == PROBLEM
+    assert INSTRUCTION == "Please reason step by step, and put your final answer within \\boxed{}."
+    ids = render_prompt(PROBLEM, char_tokenizer, "raw")
+    assert ids == char_tokenizer(PROBLEM, add_special_tokens=False)["input_ids"] and len(ids) == len(PROBLEM)
+    assert char_tokenizer.decode(render_prompt(PROBLEM, char_tokenizer, "plain")) == PROBLEM + "\n" + INSTRUCTION
+
+
+def test_auto_is_plain_without_a_chat_template(char_tokenizer):
+    assert resolve_template("auto", char_tokenizer) == "plain"
+    assert render_prompt(PROBLEM, char_tokenizer, "auto") == render_prompt(PROBLEM, char_tokenizer, "plain")
+
+
+def test_chat_uses_the_tokenizers_template(char_tokenizer):
+    char_tokenizer.chat_template = CHAT_TEMPLATE
+    text = render_prompt_text(PROBLEM, char_tokenizer, "chat")
+    assert text == f"<|user|>{PROBLEM}\n{INSTRUCTION}\n<|assistant|>"
+    assert resolve_template("auto", char_tokenizer) == "chat"
+    assert char_tokenizer.decode(render_prompt(PROBLEM, char_tokenizer, "chat")) == text
+
+
+def test_chat_without_template_and_unknown_template_explain(char_tokenizer):
+    with pytest.raises(ValueError, match="needs a tokenizer with a chat_template.*'plain'"):
+        render_prompt(PROBLEM, char_tokenizer, "chat")
+    with pytest.raises(ValueError, match="unknown prompt template 'fancy'; valid templates: auto, chat, plain, raw"):
+        render_prompt(PROBLEM, char_tokenizer, "fancy")

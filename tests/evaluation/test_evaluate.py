@@ -1,0 +1,81 @@
+"""The evaluation runner on a scripted generator whose responses, and so every metric, are known."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from literl.evaluation.evaluate import evaluate, flat_metrics, results_table
+from literl.rollout.generator import Generation, SamplingParams
+
+PROBLEMS = [{"id": "a", "problem": "1+1", "answer": "2"}, {"id": "b", "problem": "2+3", "answer": "5"}]
+# Per problem, the responses in sample order; "..." (no box) is reported as truncated.
+SCRIPT = {"1+1": ["\\boxed{2}", "so \\boxed{2}", "\\boxed{3}", "..."],
+          "2+3": ["\\boxed{4}", "\\boxed{6}", "\\boxed{4}", "\\boxed{7}"]}
+
+
+class ScriptedGenerator:
+    """Answers each prompt with the next scripted response for its problem."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.served = {problem: 0 for problem in SCRIPT}
+        self.batch_sizes = []
+
+    def generate(self, prompts, params, *, rng=None):
+        texts = []
+        for ids in prompts:
+            problem = self.tokenizer.decode(ids)
+            texts.append(SCRIPT[problem][self.served[problem]])
+            self.served[problem] += 1
+        self.batch_sizes.append(len(prompts))
+        encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        T = max(len(e) for e in encoded)
+        ids_BT = torch.zeros(len(texts), T, dtype=torch.long)
+        mask_BT = torch.zeros(len(texts), T, dtype=torch.bool)
+        for b, e in enumerate(encoded):
+            ids_BT[b, :len(e)] = torch.tensor(e)
+            mask_BT[b, :len(e)] = True
+        truncated_B = torch.tensor([t == "..." for t in texts])
+        return Generation(ids_BT, mask_BT, torch.zeros(len(texts), T), truncated_B)
+
+    def sync_weights(self, policy):
+        pass
+
+
+def test_metrics_of_a_scripted_run(char_tokenizer, tmp_path):
+    """K = 4. Problem a: c = 2, answers [2, 2, 3, none]; problem b: c = 0, answers [4, 6, 4, 7].
+
+    avg@4  = (2/4 + 0)/2 = 0.25
+    pass@2 = ((1 - C(2,2)/C(4,2)) + 0)/2 = (5/6)/2;  pass@4 = (1 + 0)/2 = 0.5;  pass@1 = avg@4
+    maj@4  = a: "2" (2 votes) correct; b: "4" (2 votes) wrong → 0.5;  maj@1 = first answers 2 ✓, 4 ✗ → 0.5
+    maj@2  = a: "2" ✓; b: tie 4 vs 6 → "4" (first) ✗ → 0.5
+    tokens = (9 + 12 + 9 + 3 + 9 + 9 + 9 + 9) / 8 = 8.625;  truncated 1/8;  no box 1/8
+    """
+    generator = ScriptedGenerator(char_tokenizer)
+    progress = []
+    output = tmp_path / "out" / "eval.json"
+    result = evaluate(generator, char_tokenizer, {"toy": PROBLEMS}, sampling=SamplingParams(max_new_tokens=16),
+                      samples=4, template="raw", batch_size=3, progress=lambda *a: progress.append(a),
+                      output_path=output, metadata={"model": "scripted"})
+    bench = result["benchmarks"]["toy"]
+    assert bench["metrics"] == pytest.approx({"avg@4": 0.25, "pass@1": 0.25, "pass@2": 5 / 12, "pass@4": 0.5,
+                                              "maj@1": 0.5, "maj@2": 0.5, "maj@4": 0.5})
+    assert bench["mean_response_tokens"] == pytest.approx(8.625)
+    assert bench["truncation_rate"] == pytest.approx(1 / 8) and bench["no_answer_rate"] == pytest.approx(1 / 8)
+    assert [p["num_correct"] for p in bench["problems"]] == [2, 0]
+    assert bench["problems"][0]["extracted"] == ["2", "2", "3", None]
+    assert generator.batch_sizes == [3, 3, 2]
+    assert progress[0] == ("toy", 0, 8) and progress[-1] == ("toy", 8, 8)
+    assert json.loads(output.read_text()) == result
+    assert result["settings"]["template"] == "raw" and result["metadata"] == {"model": "scripted"}
+    assert flat_metrics(result)["eval/toy/avg@4"] == 0.25
+    assert results_table(result).row_count == 1
+
+
+def test_evaluate_rejects_bad_settings(char_tokenizer):
+    with pytest.raises(ValueError, match="samples and batch_size must be >= 1"):
+        evaluate(ScriptedGenerator(char_tokenizer), char_tokenizer, {"toy": PROBLEMS}, sampling=SamplingParams(),
+                 samples=0)
