@@ -103,8 +103,14 @@ def load_problem_sets(sources: str, args: argparse.Namespace) -> list:
     names = [s.strip() for s in str(sources).split(",") if s.strip()]
     if not names:
         raise ValueError("no problem set given; pass e.g. --benchmarks math500,aime24")
-    return [load_problems(name, data_dir=args.data_dir, limit=args.limit, problem_field=args.problem_field,
+    sets = [load_problems(name, data_dir=args.data_dir, limit=args.limit, problem_field=args.problem_field,
                           answer_field=args.answer_field, id_field=args.id_field) for name in names]
+    seen = [s.name for s in sets]
+    repeated = sorted({n for n in seen if seen.count(n) > 1})
+    if repeated:
+        raise ValueError(f"several problem sets are named {', '.join(repeated)} (results are keyed by name); "
+                         "rename the files or list each benchmark once")
+    return sets
 
 
 def resolve_model_dir(path: str | Path) -> Path:

@@ -1,10 +1,15 @@
 """Call functions in persistent worker processes, each call under a hard wall-clock deadline.
 
-Why processes: a signal-based timeout (what `math_verify` uses, `signal.alarm`) only interrupts Python
-bytecode. A long C-level computation, such as sympy evaluating `9^{9^{9^{9}}}` as a Python big-int
-power, never returns to the interpreter, so the alarm never fires and the caller hangs. It also only
-works in the main thread. A separate process can always be killed: when a call overruns its deadline
-the worker gets SIGKILL, the call reports `timeout`, and a fresh worker replaces it.
+Why processes: a signal-based timeout (what `math_verify` uses, `signal.alarm`) only interrupts the
+interpreter between bytecodes and inside the few C loops that poll for signals. Work inside C code that
+does not poll runs to the end before the alarm is seen, so the caller hangs: `sum(range(10**13))` with a
+1 s alarm was still running after 20 s; gmpy2 (sympy's integers when it is installed), numpy and native
+libraries called by a user reward behave the same way. An alarm also only works in the main thread, and
+a crash or a MemoryError in the checker would take the caller down with it. A separate process can
+always be killed: when a call overruns its deadline the worker gets SIGKILL, the call reports `timeout`,
+and a fresh worker replaces it. (Measured with CPython 3.11 and no gmpy2: math-verify's own alarm did
+stop `9^{9^{9^{9}}}` in-process, because CPython's big-int power and multiplication poll for signals;
+the worker's deadline is what makes the bound hold everywhere.)
 
 Cost: a worker starts once (~0.4 s, it imports sympy) and then serves calls over a socket pair, about
 0.1 ms of overhead per call. Functions are named by import path (`package.module:function`) so that
@@ -184,6 +189,10 @@ class IsolatedRunner:
         return outcomes
 
     def _idle_workers(self, busy: dict, want: int) -> list[_Worker]:
+        for worker in list(self._workers):
+            # A worker also dies with the *thread* that started it (PR_SET_PDEATHSIG); replace it quietly.
+            if id(worker) not in busy and worker.process.poll() is not None:
+                self._replace(worker)
         while len(self._workers) < min(self.n_workers, len(busy) + want):
             self._workers.append(_Worker(self.memory_limit_mb, self.preload))
         idle = [w for w in self._workers if id(w) not in busy]
@@ -223,7 +232,8 @@ def _limit_memory(memory_limit_mb: int) -> None:
 
 
 def _die_with_parent() -> None:
-    # Best effort (Linux): a worker busy in C code would otherwise outlive a parent that was killed.
+    # Best effort (Linux): a worker busy in C code would otherwise outlive a parent that was killed. The
+    # signal comes when the thread that started the worker ends; `_idle_workers` replaces such workers.
     try:
         import ctypes
         import signal

@@ -6,24 +6,28 @@
 The {0, 1} scale is this function's output; mapping it to {−1, 1} is a reward-shaping transform.
 
 How `is_equivalent(pred, gold)` decides, cheapest first:
-1. Caps. A predicted answer longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` braces
-   is wrong. Every gold answer in the shared benchmarks is at most 210 characters and a few levels deep,
-   so the caps only cut off degenerate or hostile output.
+1. Caps on the prediction. A predicted answer longer than `MAX_ANSWER_CHARS` (1000) or nested deeper than
+   `MAX_BRACE_DEPTH` (32) braces is wrong. Gold answers are trusted data and are not capped; every gold in
+   the shared benchmarks is at most 210 characters and a few levels deep, so the caps only cut off
+   degenerate or hostile output.
 2. Fast path, in-process, a few microseconds. Both sides are normalised as text (whitespace, `\\left`/
    `\\right`, `\\dfrac`/`\\tfrac`, spacing commands, enclosing `$`, a trailing period). Equal texts are
    equivalent. Two plain integers are decided exactly (equal iff the same number: "007" = "7" ≠ "8").
    Two plain decimals that are equal as decimals ("1.50" = "1.5") are equivalent. Everything else
    goes to step 3. This covers the embedded testbed (integers) and most benchmark golds written
-   verbatim, at microseconds per check.
+   verbatim.
 3. Math-Verify (`parse` + `verify`, float rounding to 6 places) in an isolated worker process with a hard
    wall-clock deadline (`timeout_s`, default 5 s; `isolation.py` says why a process). A bare answer is
    parsed as `\\boxed{answer}` so that LaTeX is read as LaTeX; a text with its own math delimiters is
-   parsed as it is. On timeout the worker is killed and the check is wrong.
-Verdicts are cached (LRU), so a degenerate answer repeated across a group costs its deadline once.
+   parsed as it is. On timeout the worker is killed and the answer is wrong.
+Verdicts of step 3 are cached (LRU), so a degenerate answer repeated across a group costs its deadline once.
 
-Measured on 2 shared CPU cores: fast path ~3 µs per check; Math-Verify path ~1–50 ms plus ~0.05 ms of
-process overhead; hostile answers (`9^{9^{9^{9}}}`, `10^{10^{10}}`, 100 KB of digits, 10 000 nested
-braces) score 0 either at the caps (microseconds) or at the deadline: timeout_s + ~10 ms (the kill).
+Measured on 2 shared CPU cores: fast path 3–6 µs per check; Math-Verify path ~0.5–50 ms plus ~0.05 ms of
+process overhead. Hostile answers (`9^{9^{9^{9}}}`, `10^{10^{10}}`, `(10^{10^{10}})!`, 100 KB of digits,
+10 000 nested braces) score 0 either at the caps (under 25 ms, mostly well under 1 ms) or at the deadline:
+timeout_s + 10–130 ms. The first Math-Verify check of a process, and the first check after the first kill,
+also wait for a worker to start (~0.4 s idle, up to ~1.5 s on a loaded machine); that wait is not counted
+against the deadline.
 
 Refs: Math-Verify, https://github.com/huggingface/Math-Verify (the parser and grader used in step 3).
 """

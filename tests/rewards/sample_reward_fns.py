@@ -19,10 +19,9 @@ def sleeps_forever(response: str, example: dict) -> float:
     return 1.0
 
 
-def busy_forever(response: str, example: dict) -> float:
-    x = 3
-    while True:
-        x = (x * x) % (10 ** 50_000 + 7)
+def busy_in_c(response: str, example: dict) -> float:
+    # One C call that never polls for signals: a signal-based timeout cannot stop it, a kill can.
+    return float(sum(range(10 ** 13)))
 
 
 def sleeps_if_asked(response: str, example: dict) -> float:
@@ -48,3 +47,10 @@ def takes_one_argument(response: str) -> float:
 
 
 NOT_A_FUNCTION = 3
+
+
+def math_in_worker(response: str, example: dict) -> float:
+    # Runs in a worker process, where math_reward must check in-process instead of starting workers.
+    from literl.rewards.math_answer import math_reward
+
+    return math_reward(response, example["answer"])

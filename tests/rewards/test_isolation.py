@@ -24,9 +24,9 @@ def test_results_errors_and_stats(runner):
     assert runner.stats == {"calls": 3, "timeouts": 0, "errors": 1}
 
 
-def test_a_hung_call_is_killed_at_its_deadline_and_the_pool_recovers(runner):
+def test_a_call_stuck_in_c_code_is_killed_at_its_deadline_and_the_pool_recovers(runner):
     start = time.perf_counter()
-    outcomes = runner.map("sample_reward_fns:busy_forever", [("r", {}), ("r", {})], timeout_s=0.5)
+    outcomes = runner.map("sample_reward_fns:busy_in_c", [("r", {}), ("r", {})], timeout_s=0.5)
     elapsed = time.perf_counter() - start
     assert [o.status for o in outcomes] == ["timeout", "timeout"]
     assert elapsed < 0.5 + 10          # both in parallel; the margin covers two worker start-ups under load
@@ -48,3 +48,15 @@ def test_a_crashed_worker_is_an_error_not_a_crash(runner):
 def test_resolve_function_errors_name_the_problem(path, message):
     with pytest.raises(ValueError, match=message):
         resolve_function(path)
+
+
+def test_workers_started_by_a_finished_thread_are_replaced(runner):
+    import threading
+
+    thread = threading.Thread(target=lambda: runner.call("math:sqrt", (4.0,), timeout_s=30))
+    thread.start()
+    thread.join()
+    time.sleep(0.2)
+    assert runner._workers[0].process.poll() is not None    # SIGKILL when its starting thread ended
+    outcome = runner.call("math:sqrt", (9.0,), timeout_s=30)
+    assert outcome.status == "ok" and outcome.value == 3.0 and runner.stats["errors"] == 0

@@ -74,6 +74,15 @@ def test_a_hanging_function_times_out_and_training_goes_on():
     assert elapsed < 10          # two deadlines of 0.5 s plus worker start-ups, never the 600 s sleep
 
 
+def test_math_reward_inside_a_worker_checks_in_process():
+    rewards = RewardSet([("sample_reward_fns:math_in_worker", 1.0)])
+    try:
+        scores_B, _, metrics = rewards.score(["\\boxed{\\frac{4}{2}}", "\\boxed{3}"], EXAMPLES[:1] * 2)
+    finally:
+        rewards.close()
+    assert scores_B.tolist() == [1.0, 0.0] and metrics["reward/math_in_worker/errors"] == 0.0
+
+
 def test_math_accuracy_timeouts_are_counted():
     rewards = RewardSet([(DEFAULT_REWARD_FN, 1.0)], timeout_s=0.5)
     with pytest.warns(RewardWarning, match="ran past"):
