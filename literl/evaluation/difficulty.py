@@ -70,15 +70,16 @@ def split_by_difficulty(records: Sequence[dict], counts: Sequence[int], *, hard_
 def plot_histogram(counts: Sequence[int], samples: int, path: Path, *, title: str, hard_max: int,
                    medium_max: int) -> Path:
     """Bar chart of problems per correct count, coloured by tier, saved as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # The Agg canvas directly, not pyplot: no global backend switch in a process that may have its own.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     frequency = Counter(counts)
     xs = list(range(samples + 1))
     colours = {"hard": "#c0392b", "medium": "#e6a23c", "easy": "#27ae60"}
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=110)
+    fig = Figure(figsize=(6, 3.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     ax.bar(xs, [frequency.get(x, 0) for x in xs], color=[colours[tier_of(x, hard_max, medium_max)] for x in xs])
     ax.set_xticks(xs)
     ax.set_xlabel(f"correct responses out of {samples}")
@@ -87,7 +88,6 @@ def plot_histogram(counts: Sequence[int], samples: int, path: Path, *, title: st
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    plt.close(fig)
     return write_atomic(path, lambda f: f.write(buffer.getvalue()), binary=True)
 
 

@@ -31,6 +31,8 @@ def test_split_and_outputs(tmp_path):
     assert summary["mean_accuracy"] == pytest.approx(36 / 72)
     assert read_rows(tmp_path / "counts.jsonl")[4] == {"id": "4", "num_correct": 4, "samples": 8, "answer": "4"}
     assert (tmp_path / "histogram.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [r["id"] for r in read_rows(tmp_path / "medium.jsonl")] == ["3", "4", "5"]
+    assert read_rows(tmp_path / "easy.jsonl")[0] == {"id": "6", "problem": "p6", "answer": "6", "num_correct": 6}
     with pytest.raises(ValueError, match="hard_max <= medium_max"):
         split_by_difficulty(records, counts, hard_max=5, medium_max=2)
 
