@@ -1,0 +1,14 @@
+"""The arena: change one trick, hold everything else fixed, repeat over seeds and scenarios.
+
+    spec.py            the ablation spec (YAML): preset, base, baseline, variants, scenarios, seeds → planned runs
+    runner.py          runs the plan as `literl train` subprocesses (--jobs, resume, Ctrl-C, progress)
+    runs.py            reads run directories back (metrics.jsonl, eval.jsonl, summary.json, diagnostics.json)
+    stats.py           pure statistics: final/best/AUC, t intervals, paired bootstrap, verdict
+    summary.py         runs → summary.json and the terminal tables
+    plots.py, report.py  the self-contained report.html
+    ablation.py        an ablation's output folder (plan.json, summary.json, report.html)
+    command.py, report_command.py   `literl ablate` and `literl report`
+
+The arena never imports `literl.tricks`: an ablation is config only (style.md §3.6). docs/arena.md has the
+spec format, the statistics and the shipped specs.
+"""

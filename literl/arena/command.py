@@ -1,0 +1,103 @@
+"""`literl ablate SPEC [key=value ...]`: run every (variant, scenario, seed) of a spec, then statistics and a
+report. Rerunning the same command after an interruption finishes only the missing runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EPILOG = """\
+examples:
+  literl ablate --list                               # the shipped specs
+  literl ablate advantage_norm                       # a shipped spec, into runs/ablations/advantage_norm
+  literl ablate my_spec.yaml --jobs 2 --out runs/abl  # 2 runs at a time, threads split between them
+  literl ablate clip_higher trainer.steps=10 --out /tmp/quick    # extra overrides for every run
+  literl ablate advantage_norm --dry-run             # validate and print the runs without starting them
+
+Ctrl-C stops launching and lets running runs save a checkpoint; run the same command again to continue.
+The spec format is in docs/arena.md; `literl report OUT` rebuilds summary.json and report.html.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.add_argument("spec", nargs="?", help="spec file, or the name of a shipped spec (see --list)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides added to the spec's base (every run), e.g. trainer.steps=10")
+    parser.add_argument("--out", help="output folder (default: runs/ablations/<spec name>)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads shared by the jobs (default: all cores); each run gets threads // jobs")
+    parser.add_argument("--dry-run", action="store_true", help="validate the spec and print the runs, run nothing")
+    parser.add_argument("--no-report", action="store_true", help="write summary.json but not report.html")
+    parser.add_argument("--list", action="store_true", help="list the shipped specs and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from literl.arena import ablation
+    from literl.arena.runner import run_ablation, threads_per_run
+    from literl.arena.spec import check_configs, load_spec
+    from literl.arena.summary import print_summary
+    from literl.registry import ConfigError
+    from rich.console import Console
+
+    if args.list:
+        return _list_specs()
+    if not args.spec:
+        print("literl ablate: name a spec file or a shipped spec (`literl ablate --list` shows them)", file=sys.stderr)
+        return 2
+    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
+        print("literl ablate: --jobs and --threads must be >= 1", file=sys.stderr)
+        return 2
+    console = Console(stderr=True)
+    try:
+        spec = load_spec(args.spec, extra_base=args.overrides)
+        out_dir = Path(args.out) if args.out else ablation.default_out_dir(spec)
+        runs = spec.plan(out_dir)
+        steps = check_configs(spec, out_dir)
+        if args.dry_run:
+            return _print_plan(runs, threads_per_run(args.jobs, args.threads))
+        ablation.record_plan(out_dir, spec, runs)
+    except ConfigError as err:
+        print(f"literl ablate: {err}", file=sys.stderr)
+        return 2
+    console.print(f"[arena] {spec.name}: {len(spec.variants)} variants × {len(spec.scenarios)} scenarios × "
+                  f"{len(spec.seeds)} seeds = {len(runs)} runs into {out_dir}, {args.jobs} at a time with "
+                  f"{threads_per_run(args.jobs, args.threads)} threads each", highlight=False)
+    outcome = run_ablation(runs, {r.directory: steps[(r.variant, r.scenario)] for r in runs}, jobs=args.jobs,
+                           threads=args.threads, console=console)
+    summary = ablation.summarize_ablation(out_dir, report=not args.no_report)
+    print_summary(summary, Console())
+    console.print(f"[arena] summary: {out_dir / ablation.SUMMARY_FILE}"
+                  + ("" if args.no_report else f"; report: {out_dir / ablation.REPORT_FILE}"), highlight=False)
+    if outcome.failed:
+        console.print(f"[arena] [red]{len(outcome.failed)} runs failed[/]: "
+                      + ", ".join(f"{r.variant}/{r.scenario}/seed_{r.seed} (exit {code})" for r, code in outcome.failed)
+                      + ". Fix the cause (see each train.log) and rerun the same command to retry them.",
+                      highlight=False)
+    if outcome.interrupted:
+        console.print("[arena] interrupted; rerun the same command to finish the missing runs.", highlight=False)
+    return outcome.exit_code
+
+
+def _list_specs() -> int:
+    from literl.arena.spec import load_spec, shipped_spec_names
+
+    names = shipped_spec_names()
+    width = max((len(n) for n in names), default=0)
+    for name in names:
+        spec = load_spec(name)
+        gist = spec.description.split(": ", 1)[0].split(". ", 1)[0]
+        runs = f"{len(spec.variants)}×{len(spec.scenarios)}×{len(spec.seeds)} runs"
+        print(f"{name:<{width}}  {runs:<13} {gist[:90]}{'…' if len(gist) > 90 else ''}")
+    return 0
+
+
+def _print_plan(runs, threads: int) -> int:
+    import shlex
+
+    for run in runs:
+        print(f"{run.variant}/{run.scenario}/seed_{run.seed}: {shlex.join(run.command('python', threads)[1:])}")
+    print(f"{len(runs)} runs; the configs of every (variant, scenario) load.")
+    return 0

@@ -1,0 +1,256 @@
+"""report.html: one self-contained page (inline CSS, plots as embedded PNGs, no scripts, no external assets)
+for an ablation or for plain runs.
+
+Sections: setup; statistics (cells, paired comparisons with verdicts, per-run scores, missing runs);
+learning curves with seed bands (held-out accuracy, reward, entropy, response length, clip fractions,
+truncation rate, group reward std); mechanism diagnostics (clipped tokens, repetition of truncated
+responses, reward std by difficulty tier, IS-weight decomposition, entropy).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+from literl.arena import plots
+from literl.arena.plots import Panel
+from literl.arena.runs import RunRecord
+from literl.arena.stats import SCORES
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1250px;
+color:#222;padding:0 1em;line-height:1.45}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}h3{margin-top:1.5em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.88em}th,td{border:1px solid #ddd;padding:.25em .55em;
+text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}code{background:#f4f4f4;padding:0 .25em}
+.helps{color:#137333;font-weight:600}.hurts{color:#b3261e;font-weight:600}.none{color:#666}
+.few{color:#a15c00}.note{color:#555;font-size:.92em}.finding{background:#f7f7ef;border-left:4px solid #c9c28a;
+padding:.5em 1em}.grid{display:flex;flex-wrap:wrap;gap:1.2em}img{max-width:100%}.tok{font-family:monospace}
+.missing{background:#fff4e5;border-left:4px solid #f0a020;padding:.5em 1em}
+"""
+
+HELD_OUT_NOTE = "Held-out evaluations (eval.jsonl), not smoothed; the band spans the seeds (min to max)."
+TRAIN_NOTE = (f"Per-step training metrics (metrics.jsonl), smoothed per seed with an exponential moving average "
+              f"(factor {plots.TRAIN_SMOOTHING}); the band spans the seeds (min to max).")
+TRAINING_PANELS = [
+    Panel("accuracy", "training accuracy (rollouts)"), Panel("reward/mean", "reward"),
+    Panel("entropy/mean", "token entropy"), Panel("response_length/mean", "response length (tokens)"),
+    Panel("policy_loss/clipfrac_binding_low", "clip fraction, low side (A<0, ρ<1−ε_low)"),
+    Panel("policy_loss/clipfrac_binding_high", "clip fraction, high side (A>0, ρ>1+ε_high)"),
+    Panel("truncation_rate", "truncation rate"), Panel("groups/reward_std_mean", "reward std within groups"),
+]
+REPETITION_PANELS = [
+    Panel("repetition/truncated_repetitive_frac", "truncated responses that are repetitive"),
+    Panel("repetition/truncated_repetitive_frac_correct", "… among correct truncated responses"),
+    Panel("repetition/truncated_repetitive_frac_wrong", "… among wrong truncated responses"),
+]
+IS_PANELS = [
+    Panel("ti/kl_k3", "training–inference KL (k3), π_old vs μ"), Panel("st/kl_k3", "staleness KL (k3), π_θ vs π_old"),
+    Panel("share/ti", "share of |log w| from training–inference"), Panel("share/st", "share of |log w| from staleness"),
+    Panel("tot/kl_k3", "total KL (k3), π_θ vs μ"),
+]
+ENTROPY_PANELS = [Panel("entropy/mean", "mean token entropy"), Panel("entropy/token_max", "max token entropy")]
+
+
+def _e(value) -> str:
+    return html.escape(str(value))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 2) -> str:
+    """An HTML table; the first `left` columns are left-aligned text, cells are already-escaped HTML."""
+    head = "".join(f"<th class='l'>{h}</th>" if i < left else f"<th>{h}</th>" for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(f"<td class='l'>{c}</td>" if i < left else f"<td>{c}</td>"
+                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _figure(uri: str | None, what: str) -> str:
+    return f"<img alt='{_e(what)}' src='{uri}'>" if uri else f"<p class='note'>No run logged {_e(what)}.</p>"
+
+
+# ---------------------------------------------------------------------------------------------- sections
+def _setup_section(spec_info: dict | None, records: Sequence[RunRecord]) -> str:
+    if not spec_info:
+        rows = [[_e(r.variant), f"<code>{_e(r.directory)}</code>", "yes" if r.finished else "no"] for r in records]
+        return "<h2>Runs</h2>" + _table(["run", "directory", "finished"], rows)
+    parts = ["<h2>Setup</h2>"]
+    if spec_info.get("description"):
+        parts.append(f"<p>{_e(spec_info['description'])}</p>")
+    if spec_info.get("paper_finding"):
+        parts.append(f"<div class='finding'><b>What the paper found.</b> {_e(spec_info['paper_finding'])}</div>")
+    overrides = lambda items: " ".join(f"<code>{_e(o)}</code>" for o in items) or "–"  # noqa: E731
+    rows = [["preset", f"<code>{_e(spec_info['preset'])}</code>"], ["every run", overrides(spec_info["base"])],
+            ["seeds", _e(", ".join(map(str, spec_info["seeds"])))], ["score", f"<code>{_e(spec_info['metric'])}</code>"]]
+    parts.append(_table(["", ""], rows))
+    arms = [[_e(name) + (" (baseline)" if name == spec_info["baseline"] else ""), "variant",
+             overrides(([f"--preset {arm['preset']}"] if arm.get("preset") else []) + arm["overrides"])]
+            for name, arm in spec_info["variants"].items()]
+    arms += [[_e(name), "scenario", overrides(arm["overrides"])] for name, arm in spec_info["scenarios"].items()]
+    parts.append(_table(["name", "kind", "overrides"], arms, left=3))
+    return "".join(parts)
+
+
+def _verdict_html(entry: dict) -> str:
+    css = {"helps": "helps", "hurts": "hurts", "no detectable difference": "none"}.get(entry["verdict"], "few")
+    if entry["mean_diff"] is None:
+        return "–"
+    ci = (f" [{entry['ci_low']:+.3f}, {entry['ci_high']:+.3f}]" if entry["ci_low"] is not None else "")
+    t_ci = (f"<br><span class='note'>t: [{entry['t_ci_low']:+.3f}, {entry['t_ci_high']:+.3f}]</span>"
+            if entry["t_ci_low"] is not None else "")
+    return f"{entry['mean_diff']:+.3f}{ci} <span class='{css}'>{_e(entry['verdict'])}</span>{t_ci}"
+
+
+def _cell_html(entry: dict) -> str:
+    if entry["mean"] is None:
+        return "–"
+    half = entry.get("half_width")
+    return f"{entry['mean']:.3f} ± {half:.3f}" if half is not None else f"{entry['mean']:.3f}"
+
+
+def _statistics_section(summary: dict) -> str:
+    metric = _e(summary["metric"])
+    parts = ["<h2>Statistics</h2>",
+             f"<p class='note'>Scores of each run's <code>{metric}</code> curve: <b>final</b> = {_e(summary['scores']['final'])}; "
+             f"<b>best</b> = {_e(summary['scores']['best'])}; <b>AUC</b> = {_e(summary['scores']['auc'])}. "
+             f"Cells: {_e(summary['intervals']['cells'])} (95%). Comparisons: {_e(summary['intervals']['comparisons'])}. "
+             f"Verdict: {_e(summary['intervals']['verdict'])}.</p>"]
+    rows = [[_e(c["variant"]), _e(c["scenario"]), str(c["n"]), *(_cell_html(c[s]) for s in SCORES)]
+            for c in summary["cells"]]
+    parts.append(_table(["variant", "scenario", "seeds", "final", "best", "AUC"], rows))
+    if summary["comparisons"]:
+        parts.append(f"<h3>Paired difference against the baseline <code>{_e(summary['baseline'])}</code></h3>")
+        rows = [[_e(c["variant"]), _e(c["scenario"]), str(c["final"]["n_pairs"]), *(_verdict_html(c[s]) for s in SCORES)]
+                for c in summary["comparisons"]]
+        parts.append(_table(["variant", "scenario", "pairs", "Δ final", "Δ best", "Δ AUC"], rows))
+        parts.append("<p class='note'>Scenario <code>all</code> pools the pairs of every scenario.</p>")
+    missing = summary["runs"]["missing"]
+    if missing:
+        items = "".join(f"<li>{_e(m['variant'])}/{_e(m['scenario'])}/seed_{m['seed']}: {_e(m['reason'])}</li>"
+                        for m in missing)
+        parts.append(f"<div class='missing'><b>{len(missing)} of {summary['runs']['expected']} runs are missing "
+                     f"from these statistics.</b><ul>{items}</ul></div>")
+    rows = [[_e(r["variant"]), _e(r["scenario"]), str(r["seed"]), *(f"{r[s]:.3f}" for s in SCORES)]
+            for r in summary["per_run"]]
+    parts.append("<details><summary>Per-run scores</summary>"
+                 + _table(["variant", "scenario", "seed", "final", "best", "AUC"], rows) + "</details>")
+    return "".join(parts)
+
+
+def _curves_section(records, variants, scenarios, colors, metric: str) -> str:
+    held_out = [Panel(metric, f"held-out {metric}", "eval")]
+    greedy = metric.replace("/accuracy", "/greedy_accuracy")
+    if greedy != metric:
+        held_out.append(Panel(greedy, f"held-out {greedy}", "eval"))
+    return ("<h2>Learning curves</h2>"
+            f"<h3>Held-out accuracy</h3><p class='note'>{HELD_OUT_NOTE}</p>"
+            + _figure(plots.curves_figure(records, held_out, variants, scenarios, colors), "held-out accuracy")
+            + f"<h3>Training</h3><p class='note'>{TRAIN_NOTE}</p>"
+            + _figure(plots.curves_figure(records, TRAINING_PANELS, variants, scenarios, colors), "training metrics"))
+
+
+def _clipped_tokens_html(records, variants, scenarios) -> str:
+    blocks = []
+    for scenario in scenarios:
+        for variant in variants:
+            group = [r for r in records if r.variant == variant and r.scenario == scenario and r.diagnostics]
+            if not group:
+                continue
+            sides = []
+            for side in ("low", "high"):
+                counts: Counter = Counter()
+                for r in group:
+                    for item in r.diagnostics.get("clipped_tokens", {}).get(side, []):
+                        counts[str(item.get("token"))] += int(item.get("count", 0))
+                rows = [[f"<span class='tok'>{_e(_show_token(tok))}</span>", str(n)] for tok, n in counts.most_common(20)]
+                sides.append(f"<div><b>{side} side</b>" + (_table(["token", "count"], rows, left=1) if rows
+                                                          else "<p class='note'>none clipped</p>") + "</div>")
+            blocks.append(f"<div><h4>{_e(variant)} · {_e(scenario)} ({len(group)} runs)</h4>"
+                          f"<div class='grid'>{''.join(sides)}</div></div>")
+    if not blocks:
+        return "<p class='note'>No run wrote diagnostics.json yet (it is written when a run finishes).</p>"
+    return f"<div class='grid'>{''.join(blocks)}</div>"
+
+
+def _show_token(token: str) -> str:
+    """Whitespace made visible, so that a clipped space or newline can be told apart from nothing."""
+    return token.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") or "∅"
+
+
+def _repetition_table(records, variants, scenarios) -> str:
+    """Per cell, over all steps and seeds, weighting each step by its truncation rate (a step with no
+    truncated response says nothing about their repetition)."""
+    rows = []
+    for scenario in scenarios:
+        for variant in variants:
+            group = [r for r in records if r.variant == variant and r.scenario == scenario]
+            weights, fracs = [], []
+            for r in group:
+                truncation = dict(zip(*r.metric_curve("truncation_rate")))
+                for step, frac in zip(*r.metric_curve("repetition/truncated_repetitive_frac")):
+                    weights.append(truncation.get(step, 0.0))
+                    fracs.append(frac)
+            total = sum(weights)
+            mean_truncation = [v for r in group for v in r.metric_curve("truncation_rate")[1]]
+            if not mean_truncation:
+                continue
+            repetitive = sum(w * f for w, f in zip(weights, fracs)) / total if total > 0 else None
+            rows.append([_e(variant), _e(scenario), f"{sum(mean_truncation) / len(mean_truncation):.3f}",
+                         f"{repetitive:.3f}" if repetitive is not None else "–",
+                         f"{1 - repetitive:.3f}" if repetitive is not None else "–"])
+    if not rows:
+        return ""
+    return _table(["variant", "scenario", "truncation rate", "repetitive", "not repetitive"], rows)
+
+
+def _diagnostics_section(records, variants, scenarios, colors) -> str:
+    tiers = [Panel(k, f"reward std within groups, tier {k.rsplit('/', 1)[-1]}")
+             for k in plots.keys_with_prefix(records, "groups/reward_std/")]
+    figure = lambda panels, what: _figure(plots.curves_figure(records, panels, variants, scenarios, colors), what)  # noqa: E731
+    return "".join([
+        "<h2>Mechanism diagnostics</h2>",
+        "<h3>Clipped tokens</h3><p class='note'>The token strings that most often hit a binding clip bound "
+        "(low: A&lt;0 and ρ&lt;1−ε_low; high: A&gt;0 and ρ&gt;1+ε_high), summed over seeds (top 20 per run, from "
+        "diagnostics.json). The LitePPO paper found discourse connectives clipped at ε_high = 0.2 and function "
+        "tokens at 0.28 (algorithms.md §8.2.4).</p>",
+        _clipped_tokens_html(records, variants, scenarios),
+        "<h3>Repetition of truncated responses</h3><p class='note'>Fraction of truncated responses whose tail is "
+        "a repetition loop (a periodic suffix covering ≥ 20% of the response), per step; the table weights each "
+        "step by its truncation rate. The paper: wrong responses repeat far more than correct ones, and overlong "
+        "filtering lowers the repeat ratio (§8.2.6–7).</p>",
+        _repetition_table(records, variants, scenarios), figure(REPETITION_PANELS, "repetition/*"),
+        "<h3>Reward std within groups, by difficulty tier</h3><p class='note'>On easy data the within-group std "
+        "falls fast, so dividing advantages by it amplifies small differences (§8.2.2).</p>",
+        figure(tiers, "groups/reward_std/<tier>"),
+        "<h3>Importance-weight decomposition</h3><p class='note'>π_θ/μ = [π_old/μ] (training–inference, "
+        "<code>ti/*</code>) × [π_θ/π_old] (staleness, <code>st/*</code>); <code>share/*</code> says which factor "
+        "carries the total |log w| (algorithms.md §7).</p>",
+        figure(IS_PANELS, "ti/*, st/*, share/*"),
+        "<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant to "
+        "slow its collapse (§8.2.3).</p>",
+        figure(ENTROPY_PANELS, "entropy/*"),
+    ])
+
+
+# ---------------------------------------------------------------------------------------------- the page
+def build_report(path: str | Path, records: Sequence[RunRecord], summary: dict, *, title: str,
+                 spec_info: dict | None = None) -> Path:
+    """Write the self-contained report.html atomically and return its path."""
+    variants, scenarios = summary["variants"], summary["scenarios"]
+    colors = plots.variant_colors(variants)
+    body = [f"<h1>{_e(title)}</h1>",
+            f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M')} by <code>literl</code> from "
+            f"{len(records)} run directories; {summary['runs']['used']} finished runs enter the statistics.</p>",
+            _setup_section(spec_info, records), _statistics_section(summary),
+            _curves_section(records, variants, scenarios, colors, summary["metric"]),
+            _diagnostics_section(records, variants, scenarios, colors)]
+    page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,290 @@
+"""Ablation specs: one YAML file names a preset, a baseline, variants, scenarios and seeds.
+
+    name: advantage_norm                     # optional; default: the file name
+    description: what the ablation asks      # optional, shown in the report
+    paper_finding: what the paper reported   # optional, shown in the report next to our numbers
+    preset: lite_ppo                         # the preset every run starts from
+    base:                                    # dotted overrides applied to every run (budget knobs live here)
+      trainer.steps: 30
+      eval.every: 5
+    baseline: group                          # the variant the others are compared with
+    variants:                                # name -> dotted overrides; `preset: NAME` swaps the preset
+      group: {algorithm.advantage.name: grpo}
+      no_std: {algorithm.advantage.name: dr_grpo}
+    scenarios:                               # name -> dotted overrides (optional: one scenario 'default')
+      reward_01: {}
+      reward_pm1: {algorithm.reward_shaping.rescale.low: -1}
+    seeds: [0, 1, 2]                         # a list, or a count n meaning 0..n-1
+    metric: testbed/accuracy                 # optional: the eval.jsonl key scored (higher is better)
+
+Every run is `literl train --preset P <base> <scenario> <variant> seed=S trainer.output_dir=...`, in that
+order, so a variant's value wins over a scenario's and a scenario's over the base. A variant and a
+scenario may not set the same key (the cross would not hold the variant fixed), and the runner's own keys
+(seed, output directory, resume, threads) may not appear at all.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from literl.registry import ConfigError
+
+SPEC_KEYS = ("name", "description", "paper_finding", "preset", "base", "baseline", "variants", "scenarios",
+             "seeds", "metric")
+REQUIRED_KEYS = ("preset", "baseline", "variants", "seeds")
+RUNNER_KEYS = ("seed", "trainer.output_dir", "trainer.resume", "trainer.threads")
+DEFAULT_METRIC = "testbed/accuracy"
+DEFAULT_SCENARIO = "default"
+SHIPPED_DIR = "configs/ablations"
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")   # variant/scenario names become directory names
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A named set of overrides: one variant or one scenario. `preset` is set only by variants that swap it."""
+
+    name: str
+    overrides: tuple[str, ...]
+    preset: str | None = None
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One (variant, scenario, seed) training run and everything needed to launch it."""
+
+    variant: str
+    scenario: str
+    seed: int
+    preset: str
+    overrides: tuple[str, ...]
+    directory: Path
+
+    def command(self, python: str, threads: int | None = None) -> list[str]:
+        """The `literl train` command line; resume is always on because the runner owns the directory."""
+        extra = [f"trainer.threads={threads}"] if threads else []
+        return [python, "-m", "literl.cli", "train", "--preset", self.preset, *self.overrides,
+                f"seed={self.seed}", f"trainer.output_dir={self.directory}", "trainer.resume=true", *extra]
+
+    def identity(self) -> dict:
+        """What makes two runs the same experiment (compared when an ablation is resumed)."""
+        return {"variant": self.variant, "scenario": self.scenario, "seed": self.seed, "preset": self.preset,
+                "overrides": list(self.overrides)}
+
+
+@dataclass
+class AblationSpec:
+    name: str
+    preset: str
+    baseline: str
+    variants: list[Arm]
+    scenarios: list[Arm]
+    seeds: list[int]
+    base: tuple[str, ...] = ()
+    metric: str = DEFAULT_METRIC
+    description: str = ""
+    paper_finding: str = ""
+    source: str = ""
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def variant_names(self) -> list[str]:
+        return [v.name for v in self.variants]
+
+    @property
+    def scenario_names(self) -> list[str]:
+        return [s.name for s in self.scenarios]
+
+    def plan(self, out_dir: str | Path) -> list[PlannedRun]:
+        """Every run, scenario-major then seed then variant, so that a partial ablation has whole pairs."""
+        out_dir = Path(out_dir)
+        runs = []
+        for scenario in self.scenarios:
+            for seed in self.seeds:
+                for variant in self.variants:
+                    runs.append(PlannedRun(
+                        variant=variant.name, scenario=scenario.name, seed=seed,
+                        preset=variant.preset or self.preset,
+                        overrides=(*self.base, *scenario.overrides, *variant.overrides),
+                        directory=out_dir / variant.name / scenario.name / f"seed_{seed}"))
+        return runs
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def shipped_spec_names() -> list[str]:
+    folder = resources.files("literl").joinpath(SHIPPED_DIR)
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def resolve_spec_path(name_or_path: str) -> Path:
+    """A spec file path, or the name of a shipped spec (`advantage_norm`)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    if name_or_path in shipped_spec_names():
+        return Path(str(resources.files("literl").joinpath(SHIPPED_DIR, f"{name_or_path}.yaml")))
+    close = difflib.get_close_matches(name_or_path, shipped_spec_names(), n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"ablation spec '{name_or_path}' is neither a file nor a shipped spec.{hint} "
+                      f"Shipped specs: {', '.join(shipped_spec_names())} (`literl ablate --list`).")
+
+
+def load_spec(name_or_path: str | Path, extra_base: list[str] | tuple[str, ...] = ()) -> AblationSpec:
+    """Read and check a spec's structure (not yet its configs: see `check_configs`).
+
+    `extra_base` are key=value overrides appended to the spec's base (from the command line).
+    """
+    path = resolve_spec_path(str(name_or_path))
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"ablation spec {path} is not valid YAML: {err}") from None
+    return parse_spec(raw, source=str(path), default_name=path.stem, extra_base=extra_base)
+
+
+def parse_spec(raw: Any, *, source: str = "<spec>", default_name: str = "ablation",
+               extra_base: list[str] | tuple[str, ...] = ()) -> AblationSpec:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"ablation spec {source} must be a mapping with keys {', '.join(REQUIRED_KEYS)}")
+    unknown = [k for k in raw if k not in SPEC_KEYS]
+    if unknown:
+        hints = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(str(k), SPEC_KEYS, n=1))
+                 else f"'{k}'" for k in unknown]
+        raise ConfigError(f"ablation spec {source}: unknown key(s) {', '.join(hints)}. Valid keys: "
+                          f"{', '.join(SPEC_KEYS)}.")
+    missing = [k for k in REQUIRED_KEYS if k not in raw]
+    if missing:
+        raise ConfigError(f"ablation spec {source}: missing required key(s) {', '.join(missing)}")
+    variants = _arms(raw["variants"], "variants", source, allow_preset=True)
+    scenarios = (_arms(raw["scenarios"], "scenarios", source, allow_preset=False) if raw.get("scenarios")
+                 else [Arm(DEFAULT_SCENARIO, ())])
+    baseline = str(raw["baseline"])
+    if baseline not in [v.name for v in variants]:
+        raise ConfigError(f"ablation spec {source}: baseline '{baseline}' is not one of the variants "
+                          f"({', '.join(v.name for v in variants)})")
+    base = (*_overrides(raw.get("base") or {}, "base", source), *_checked_extra(extra_base))
+    _check_no_runner_keys(base, "base", source)
+    spec = AblationSpec(
+        name=str(raw.get("name") or default_name), preset=str(raw["preset"]), baseline=baseline,
+        variants=variants, scenarios=scenarios, seeds=_seeds(raw["seeds"], source), base=base,
+        metric=str(raw.get("metric") or DEFAULT_METRIC), description=str(raw.get("description") or "").strip(),
+        paper_finding=str(raw.get("paper_finding") or "").strip(), source=source, raw=raw)
+    _check_no_shared_keys(spec, source)
+    return spec
+
+
+def _arms(section: Any, where: str, source: str, *, allow_preset: bool) -> list[Arm]:
+    if not isinstance(section, dict) or not section:
+        raise ConfigError(f"ablation spec {source}: '{where}' must be a non-empty mapping of name -> overrides")
+    arms = []
+    for name, body in section.items():
+        name = str(name)
+        if not SAFE_NAME.match(name):
+            raise ConfigError(f"ablation spec {source}: {where} name '{name}' becomes a directory name; use "
+                              "letters, digits, '_', '-', '.', '+' only")
+        body = dict(body or {}) if isinstance(body, dict) or body is None else body
+        preset = body.pop("preset", None) if isinstance(body, dict) else None
+        if preset is not None and not allow_preset:
+            raise ConfigError(f"ablation spec {source}: scenario '{name}' sets 'preset'; only variants may "
+                              "swap the preset (a scenario changes the setting, not the algorithm)")
+        overrides = _overrides(body, f"{where}.{name}", source)
+        _check_no_runner_keys(overrides, f"{where}.{name}", source)
+        arms.append(Arm(name, overrides, str(preset) if preset is not None else None))
+    return arms
+
+
+def _overrides(body: Any, where: str, source: str) -> tuple[str, ...]:
+    """Dotted overrides from a mapping {key: value} or a list of 'key=value' strings."""
+    if isinstance(body, list):
+        bad = [item for item in body if not isinstance(item, str) or "=" not in item]
+        if bad:
+            raise ConfigError(f"ablation spec {source}: {where} has {bad[0]!r}, which is not 'key=value'")
+        return tuple(body)
+    if not isinstance(body, dict):
+        raise ConfigError(f"ablation spec {source}: {where} must map dotted keys to values "
+                          f"(e.g. {{algorithm.advantage.name: grpo}}), not {type(body).__name__}")
+    return tuple(f"{key}={format_value(value)}" for key, value in body.items())
+
+
+def format_value(value: Any) -> str:
+    """A value as the right-hand side of a dotted override (parsed back as YAML by OmegaConf)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str) and yaml.safe_load(value) == value and value.strip() == value and value:
+        return value
+    return json.dumps(value)   # JSON is YAML flow syntax: mappings, lists and quoted strings survive
+
+
+def _checked_extra(extra: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    bad = [item for item in extra if "=" not in item]
+    if bad:
+        raise ConfigError(f"command-line override '{bad[0]}' is not key=value (e.g. trainer.steps=20)")
+    return tuple(extra)
+
+
+def _seeds(raw: Any, source: str) -> list[int]:
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1:
+        return list(range(raw))
+    if isinstance(raw, list) and raw and all(isinstance(s, int) and not isinstance(s, bool) for s in raw):
+        if len(set(raw)) != len(raw):
+            raise ConfigError(f"ablation spec {source}: seeds {raw} repeat a value")
+        return list(raw)
+    raise ConfigError(f"ablation spec {source}: seeds must be a count (3 → 0, 1, 2) or a list of integers, "
+                      f"not {raw!r}")
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].strip()
+
+
+def _check_no_runner_keys(overrides: tuple[str, ...], where: str, source: str) -> None:
+    for item in overrides:
+        if _key(item) in RUNNER_KEYS:
+            raise ConfigError(f"ablation spec {source}: {where} sets '{_key(item)}', which the runner sets per "
+                              f"run ({', '.join(RUNNER_KEYS)}); remove it (seeds go in 'seeds', the output "
+                              "folder is `literl ablate --out`, threads follow --jobs/--threads)")
+
+
+def _check_no_shared_keys(spec: AblationSpec, source: str) -> None:
+    for variant in spec.variants:
+        variant_keys = {_key(o) for o in variant.overrides}
+        for scenario in spec.scenarios:
+            shared = variant_keys & {_key(o) for o in scenario.overrides}
+            if shared:
+                raise ConfigError(
+                    f"ablation spec {source}: variant '{variant.name}' and scenario '{scenario.name}' both set "
+                    f"{', '.join(sorted(shared))}; a scenario must not change what the variants compare. "
+                    "Move the key to one of them.")
+
+
+# ---------------------------------------------------------------------------------------------- configs
+def check_configs(spec: AblationSpec, out_dir: str | Path = "runs/ablation-check") -> dict[tuple[str, str], int]:
+    """Load every (variant, scenario) config before anything runs; a bad override names its run.
+
+    Seeds only change `seed=`, so the first seed stands for all of them. Returns each pair's trainer.steps
+    (the unit of the runner's progress bar).
+    """
+    from literl.config_loader import load_config
+
+    steps: dict[tuple[str, str], int] = {}
+    for run in spec.plan(out_dir):
+        if (run.variant, run.scenario) in steps:
+            continue
+        try:
+            cfg = load_config(preset=run.preset, overrides=[*run.overrides, f"seed={run.seed}"])
+        except ConfigError as err:
+            raise ConfigError(f"ablation spec {spec.source}: variant '{run.variant}' × scenario "
+                              f"'{run.scenario}' does not load as a config: {err}") from None
+        steps[(run.variant, run.scenario)] = cfg.trainer.steps
+    return steps

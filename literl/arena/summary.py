@@ -1,0 +1,161 @@
+"""From run records to the ablation's summary: per-run scores, per-cell intervals, paired comparisons.
+
+`summarize` is pure over `RunRecord`s (the formulas live in `literl.arena.stats`); `write_summary` writes
+summary.json atomically and `print_summary` shows the same numbers as rich tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from literl.arena import stats
+from literl.arena.runs import RunRecord
+
+ALL_SCENARIOS = "all"      # the comparison pooled over every scenario's pairs
+LOG_NAME = "train.log"
+
+
+def run_scores(record: RunRecord, metric: str) -> dict[str, float] | None:
+    steps, values = record.eval_curve(metric)
+    return stats.curve_scores(steps, values) if values else None
+
+
+def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[str], scenarios: Sequence[str],
+              baseline: str | None = None, expected: Iterable[tuple[str, str, int, Path]] = (),
+              name: str = "", confidence: float = stats.CONFIDENCE) -> dict:
+    """The summary.json document. `expected` lists (variant, scenario, seed, directory) of every planned run,
+    so that runs which never finished are named in `runs.missing` instead of silently shrinking n."""
+    scores, per_run, missing = _score_runs(records, metric, expected)
+    cells = [_cell(v, s, scores, confidence) for s in scenarios for v in variants]
+    comparisons = []
+    if baseline is not None:
+        for variant in (v for v in variants if v != baseline):
+            for scenario in [*scenarios, *([ALL_SCENARIOS] if len(scenarios) > 1 else [])]:
+                comparisons.append(_comparison(variant, baseline, scenario, scores, confidence))
+    return {
+        "name": name, "metric": metric, "higher_is_better": True, "confidence": confidence,
+        "baseline": baseline, "variants": list(variants), "scenarios": list(scenarios),
+        "scores": {"final": f"{metric} at the last evaluation",
+                   "best": f"max of {metric} over all evaluations (the one before training included)",
+                   "auc": f"trapezoid area under {metric} vs step, divided by the step span"},
+        "intervals": {"cells": "mean ± Student-t interval over seeds",
+                      "comparisons": f"percentile bootstrap of the mean paired difference, "
+                                     f"{stats.BOOTSTRAP_RESAMPLES} resamples, numpy default_rng({stats.BOOTSTRAP_SEED})"
+                                     "; t_ci_* is the paired t interval",
+                      "verdict": "helps if the bootstrap interval lies above 0, hurts if below, else no "
+                                 "detectable difference"},
+        "runs": {"expected": len(per_run) + len(missing), "used": len(per_run), "missing": missing},
+        "per_run": per_run, "cells": cells, "comparisons": comparisons,
+    }
+
+
+def _score_runs(records, metric, expected):
+    scores: dict[tuple[str, str], dict[int, dict]] = {}
+    per_run, missing, seen = [], [], set()
+    for record in records:
+        seen.add(Path(record.directory))
+        result = run_scores(record, metric) if record.finished else None
+        if result is None:
+            reason = (f"no '{metric}' in eval.jsonl" if record.finished
+                      else f"unfinished or failed: no summary.json (see {Path(record.directory) / LOG_NAME})")
+            missing.append(_missing(record.variant, record.scenario, record.seed, record.directory, reason))
+            continue
+        scores.setdefault((record.variant, record.scenario), {})[record.seed] = result
+        per_run.append({"variant": record.variant, "scenario": record.scenario, "seed": record.seed,
+                        "directory": str(record.directory), **result})
+    for variant, scenario, seed, directory in expected:
+        if Path(directory) not in seen:
+            missing.append(_missing(variant, scenario, seed, directory, "not run"))
+    return scores, per_run, missing
+
+
+def _missing(variant, scenario, seed, directory, reason) -> dict:
+    return {"variant": variant, "scenario": scenario, "seed": seed, "directory": str(directory), "reason": reason}
+
+
+def _cell(variant: str, scenario: str, scores: dict, confidence: float) -> dict:
+    by_seed = scores.get((variant, scenario), {})
+    seeds = sorted(by_seed)
+    cell = {"variant": variant, "scenario": scenario, "n": len(seeds), "seeds": seeds}
+    for score in stats.SCORES:
+        values = [by_seed[s][score] for s in seeds]
+        cell[score] = {**stats.mean_interval(values, confidence).as_dict(), "values": values}
+    return cell
+
+
+def _comparison(variant: str, baseline: str, scenario: str, scores: dict, confidence: float) -> dict:
+    out = {"variant": variant, "baseline": baseline, "scenario": scenario}
+    for score in stats.SCORES:
+        out[score] = stats.compare(_paired(variant, scenario, scores, score),
+                                   _paired(baseline, scenario, scores, score), confidence)
+    return out
+
+
+def _paired(variant: str, scenario: str, scores: dict, score: str) -> dict:
+    """{(scenario, seed): value} of one variant, over one scenario or all of them."""
+    return {(s, seed): result[score] for (v, s), by_seed in scores.items()
+            if v == variant and scenario in (s, ALL_SCENARIOS) for seed, result in by_seed.items()}
+
+
+def write_json(path: str | Path, data: dict) -> Path:
+    """Write a JSON document atomically (a reader never sees half a file)."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- terminal
+def _fmt_cell(entry: dict) -> str:
+    if entry["mean"] is None:
+        return "–"
+    half = entry.get("half_width")
+    return f"{entry['mean']:.3f} ± {half:.3f}" if half is not None else f"{entry['mean']:.3f}"
+
+
+def _fmt_diff(entry: dict) -> str:
+    if entry["mean_diff"] is None:
+        return "–"
+    if entry["ci_low"] is None:
+        return f"{entry['mean_diff']:+.3f}"
+    return f"{entry['mean_diff']:+.3f} [{entry['ci_low']:+.3f}, {entry['ci_high']:+.3f}]"
+
+
+VERDICT_STYLE = {stats.HELPS: "green", stats.HURTS: "red", stats.NO_DIFFERENCE: "dim", stats.TOO_FEW: "yellow"}
+
+
+def print_summary(summary: dict, console=None) -> None:
+    """The cells table (mean ± 95% CI over seeds) and the comparisons table (paired Δ, bootstrap CI, verdict)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    metric = summary["metric"]
+    cells = Table(title=f"{summary['name'] or 'runs'}: {metric}, mean ± 95% CI over seeds")
+    for column in ("variant", "scenario", "n", "final", "best", "AUC"):
+        cells.add_column(column, justify="left" if column in ("variant", "scenario") else "right")
+    for cell in summary["cells"]:
+        cells.add_row(cell["variant"], cell["scenario"], str(cell["n"]),
+                      *(_fmt_cell(cell[s]) for s in stats.SCORES))
+    console.print(cells)
+    if summary["comparisons"]:
+        table = Table(title=f"paired difference vs baseline '{summary['baseline']}' "
+                            f"(mean Δ [95% bootstrap CI], verdict)")
+        for column in ("variant", "scenario", "pairs", "Δ final", "Δ best", "Δ AUC"):
+            table.add_column(column, justify="left" if column in ("variant", "scenario") else "right")
+        for comp in summary["comparisons"]:
+            table.add_row(comp["variant"], comp["scenario"], str(comp["final"]["n_pairs"]),
+                          *(f"{_fmt_diff(comp[s])}\n[{VERDICT_STYLE[comp[s]['verdict']]}]{comp[s]['verdict']}[/]"
+                            for s in stats.SCORES))
+        console.print(table)
+    missing = summary["runs"]["missing"]
+    if missing:
+        console.print(f"[yellow]{len(missing)} of {summary['runs']['expected']} runs missing from these "
+                      f"statistics:[/]")
+        for item in missing:
+            console.print(f"  {item['variant']}/{item['scenario']}/seed_{item['seed']}: {item['reason']}",
+                          highlight=False)

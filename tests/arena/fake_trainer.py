@@ -1,0 +1,53 @@
+"""A stand-in for `python -m literl.cli train` that the runner tests launch instead of the real trainer.
+
+It reads the overrides the runner passes (trainer.output_dir, trainer.steps, seed, trainer.resume), writes a
+run directory step by step (FAKE_STEP_SECONDS apart), saves `checkpoints/latest` on SIGTERM and exits 130
+like the trainer, and exits 3 without a summary when an override `fake.fail=true` is given.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+run_dir = Path(args["trainer.output_dir"])
+steps = int(args.get("trainer.steps", 3))
+pause = float(os.environ.get("FAKE_STEP_SECONDS", "0.05"))
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+run_dir.mkdir(parents=True, exist_ok=True)
+with open(run_dir / "launches.txt", "a") as f:   # lets a test count how often a run was (re)started
+    f.write(" ".join(sys.argv[1:]) + "\n")
+start = 0
+latest = run_dir / "checkpoints" / "latest"
+if latest.is_file() and args.get("trainer.resume") == "true":
+    start = int(latest.read_text().split("_")[1])
+print(f"fake trainer: {run_dir} from step {start}", flush=True)
+if args.get("fake.fail") == "true":
+    print("fake trainer: failing on purpose", flush=True)
+    sys.exit(3)
+if start == 0:
+    (run_dir / "eval.jsonl").write_text(json.dumps({"step": 0, "tag": "before", "testbed/accuracy": 0.5}) + "\n")
+step = start
+while step < steps and not stop:
+    time.sleep(pause)
+    step += 1
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "accuracy": 0.5}) + "\n")
+
+
+def checkpoint():
+    (run_dir / "checkpoints" / f"step_{step:06d}").mkdir(parents=True, exist_ok=True)
+    latest.write_text(f"step_{step:06d}")
+
+
+checkpoint()
+if step < steps:
+    sys.exit(130)
+seed = int(args.get("seed", 0))
+with open(run_dir / "eval.jsonl", "a") as f:
+    f.write(json.dumps({"step": steps, "tag": "after", "testbed/accuracy": 0.5 + 0.01 * seed}) + "\n")
+(run_dir / "summary.json").write_text(json.dumps({"steps": steps, "seed": seed}))

@@ -1,0 +1,137 @@
+"""Statistics of hand-made runs with known means: cells, paired comparisons, verdicts, missing runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from literl.arena import ablation
+from literl.arena.runs import load_run
+from literl.arena.spec import parse_spec
+from literl.arena.summary import print_summary, summarize
+from literl.registry import ConfigError
+from tests.arena.fake_runs import write_run
+
+T2 = 4.302653    # t_{2, 0.975}
+# final accuracy of each variant at seed 0, 1, 2 in scenario s1 (s2 adds 0.1 to all)
+FINAL = {"base": [0.50, 0.51, 0.52], "better": [0.59, 0.61, 0.63], "worse": [0.40, 0.41, 0.42],
+         "same": [0.48, 0.51, 0.54]}
+SPEC = {"name": "handmade", "paper_finding": "Better helps, worse hurts.", "description": "A hand-made ablation.", "preset": "lite_ppo", "baseline": "base", "seeds": 3,
+        "variants": {v: {} for v in FINAL}, "scenarios": {"s1": {}, "s2": {"data.difficulty": "hard"}}}
+
+
+def curve(final: float) -> list[float]:
+    """Held-out accuracy at steps 0, 5, 10: 0.3 before, then `final` twice.
+    AUC = (5·(0.3 + f)/2 + 5·f)/10 = 0.075 + 0.75·f; best = f; final = f."""
+    return [0.3, final, final]
+
+
+def make_ablation(out, skip=()):
+    spec = parse_spec(SPEC, source="handmade.yaml")
+    runs = spec.plan(out)
+    for run in runs:
+        if (run.variant, run.scenario, run.seed) in skip:
+            continue
+        offset = 0.1 if run.scenario == "s2" else 0.0
+        write_run(run.directory, curve(FINAL[run.variant][run.seed] + offset), seed=run.seed)
+    ablation.record_plan(out, spec, runs)
+    return spec, runs
+
+
+def summarize_handmade(out):
+    make_ablation(out)
+    return ablation.summarize_ablation(out, report=False)
+
+
+def cell(summary, variant, scenario):
+    return next(c for c in summary["cells"] if (c["variant"], c["scenario"]) == (variant, scenario))
+
+
+def comparison(summary, variant, scenario):
+    return next(c for c in summary["comparisons"] if (c["variant"], c["scenario"]) == (variant, scenario))
+
+
+def test_cells_hold_mean_and_t_interval_over_seeds(tmp_path):
+    summary = summarize_handmade(tmp_path)
+    base = cell(summary, "base", "s1")
+    assert base["n"] == 3 and base["seeds"] == [0, 1, 2]
+    assert base["final"]["mean"] == pytest.approx(0.51)
+    assert base["final"]["half_width"] == pytest.approx(T2 * 0.01 / math.sqrt(3), abs=1e-6)
+    assert base["best"]["mean"] == pytest.approx(0.51)
+    assert base["auc"]["mean"] == pytest.approx(0.075 + 0.75 * 0.51)
+    assert cell(summary, "worse", "s2")["final"]["mean"] == pytest.approx(0.51)
+
+
+def test_paired_differences_give_the_expected_verdicts(tmp_path):
+    """better − base = [0.09, 0.10, 0.11] → helps; worse − base = −0.1 each → hurts;
+    same − base = [−0.02, 0, +0.02] → no detectable difference. AUC differences are 0.75× these."""
+    summary = summarize_handmade(tmp_path)
+    better = comparison(summary, "better", "s1")
+    assert better["final"]["diffs"] == pytest.approx([0.09, 0.10, 0.11])
+    assert (better["final"]["ci_low"], better["final"]["ci_high"]) == pytest.approx((0.09, 0.11))
+    assert better["final"]["verdict"] == "helps"
+    assert better["auc"]["mean_diff"] == pytest.approx(0.075)
+    assert comparison(summary, "worse", "s2")["final"]["verdict"] == "hurts"
+    same = comparison(summary, "same", "s1")["final"]
+    assert same["mean_diff"] == pytest.approx(0.0, abs=1e-12) and same["verdict"] == "no detectable difference"
+    assert same["t_ci_high"] == pytest.approx(T2 * 0.02 / math.sqrt(3), abs=1e-6)
+
+
+def test_the_pooled_comparison_uses_every_scenario(tmp_path):
+    summary = summarize_handmade(tmp_path)
+    pooled = comparison(summary, "better", "all")["final"]
+    assert pooled["n_pairs"] == 6
+    assert pooled["pairs"][0] == ["s1", 0]
+    assert {c["scenario"] for c in summary["comparisons"]} == {"s1", "s2", "all"}
+    assert all(c["variant"] != "base" for c in summary["comparisons"])
+
+
+def test_missing_runs_are_named_and_leave_the_others_paired(tmp_path):
+    """better/s1/seed_2 never ran and worse/s1/seed_0 stopped before summary.json: both are listed, n drops,
+    and the pairs use only the seeds both variants have."""
+    make_ablation(tmp_path, skip={("better", "s1", 2)})
+    (tmp_path / "worse/s1/seed_0/summary.json").unlink()
+    summary = ablation.summarize_ablation(tmp_path, report=False)
+    missing = {(m["variant"], m["scenario"], m["seed"]): m["reason"] for m in summary["runs"]["missing"]}
+    assert missing[("better", "s1", 2)] == "not run"
+    assert missing[("worse", "s1", 0)].startswith("unfinished or failed")
+    assert "train.log" in missing[("worse", "s1", 0)]
+    assert summary["runs"] == {**summary["runs"], "expected": 24, "used": 22}
+    assert cell(summary, "better", "s1")["n"] == 2
+    assert comparison(summary, "better", "s1")["final"]["diffs"] == pytest.approx([0.09, 0.10])
+
+
+def test_summary_json_is_written_and_the_tables_print(tmp_path, capsys):
+    from rich.console import Console
+
+    make_ablation(tmp_path, skip={("same", "s2", 1)})
+    summary = ablation.summarize_ablation(tmp_path, report=False)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["comparisons"] == json.loads(json.dumps(summary["comparisons"]))
+    assert on_disk["spec"]["baseline"] == "base" and on_disk["metric"] == "testbed/accuracy"
+    assert not list(tmp_path.glob(".*tmp*")), "the atomic write left a temporary file"
+    console = Console(width=200, record=True)
+    print_summary(summary, console)
+    text = console.export_text()
+    assert "0.510 ± 0.025" in text and "helps" in text and "hurts" in text
+    assert "same/s2/seed_1: not run" in text
+
+
+def test_a_run_without_the_metric_is_missing_not_zero(tmp_path):
+    write_run(tmp_path / "r", [0.2, 0.4], metric="other/accuracy")
+    summary = summarize([load_run(tmp_path / "r", variant="r")], metric="testbed/accuracy", variants=["r"],
+                        scenarios=["run"])
+    assert summary["runs"]["missing"][0]["reason"] == "no 'testbed/accuracy' in eval.jsonl"
+    assert summary["cells"][0]["final"]["mean"] is None
+
+
+def test_resuming_with_a_changed_spec_is_refused(tmp_path):
+    make_ablation(tmp_path)
+    changed = parse_spec({**SPEC, "variants": {**SPEC["variants"], "better": {"algorithm.advantage.name": "grpo"}}},
+                         source="changed.yaml")
+    with pytest.raises(ConfigError, match=r"better/s1/seed_0 \(changed: overrides\).*another --out"):
+        ablation.record_plan(tmp_path, changed, changed.plan(tmp_path))
+    same = parse_spec(SPEC, source="handmade.yaml")
+    ablation.record_plan(tmp_path, same, same.plan(tmp_path))    # an unchanged spec resumes fine
