@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:     # output piped into `head` and closed early
+        return 0
 
 
 if __name__ == "__main__":

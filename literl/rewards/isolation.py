@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Literal, Sequence
 
 _WORKER_ENTRY = "import sys; from literl.rewards.isolation import worker_main; worker_main(sys.argv[1:])"
+_LOAD = "__load__"                   # message kind: import a function ahead of its first timed call
 WORKER_STARTUP_TIMEOUT_S = 120.0     # generous: two shared cores under load can be slow to import sympy
 _IN_WORKER = False
 
@@ -101,6 +102,7 @@ class _Worker:
         child_end.close()
         self.conn = Connection(parent_end.detach())
         self.ready = False
+        self.loaded: set[str] = set()
 
     def wait_ready(self) -> None:
         if self.ready:
@@ -112,6 +114,20 @@ class _Worker:
         if message[0] != "ready":
             raise RuntimeError(f"an isolated worker failed to start: {message}")
         self.ready = True
+
+    def ensure_loaded(self, fn_path: str) -> None:
+        """Import the function before its first timed call: importing a user's module (which may pull in
+        torch or transformers) is start-up work, not part of any response's time budget."""
+        if fn_path in self.loaded:
+            return
+        self.conn.send((_LOAD, fn_path))
+        if not self.conn.poll(WORKER_STARTUP_TIMEOUT_S):
+            self.kill()
+            raise RuntimeError(f"an isolated worker could not import {fn_path} within {WORKER_STARTUP_TIMEOUT_S:.0f} s")
+        status, payload = self.conn.recv()
+        if status != "ok":
+            raise ValueError(f"the reward worker cannot load {fn_path}: {payload}")
+        self.loaded.add(fn_path)
 
     def kill(self) -> None:
         try:
@@ -169,6 +185,7 @@ class IsolatedRunner:
             for worker in self._idle_workers(busy, want=len(pending)):
                 index = pending.pop()
                 worker.wait_ready()                            # start-up is not part of the call's deadline
+                worker.ensure_loaded(fn_path)                  # nor is importing the function's module
                 worker.conn.send((fn_path, args_list[index]))
                 busy[id(worker)] = (worker, index, time.monotonic() + timeout_s)
             if not busy:
@@ -251,8 +268,12 @@ def _serve(conn: Connection) -> None:
         except (EOFError, OSError):
             return
         try:
-            fn = functions.get(fn_path) or functions.setdefault(fn_path, resolve_function(fn_path))
-            reply = ("ok", fn(*args))
+            if fn_path == _LOAD:
+                functions.setdefault(args, resolve_function(args))
+                reply = ("ok", None)
+            else:
+                fn = functions.get(fn_path) or functions.setdefault(fn_path, resolve_function(fn_path))
+                reply = ("ok", fn(*args))
         except BaseException as exc:  # noqa: BLE001 - any failure of user code is reported, never fatal
             reply = ("error", f"{type(exc).__name__}: {exc}"[:2000])
         try:

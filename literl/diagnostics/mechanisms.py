@@ -1,0 +1,101 @@
+"""Mechanism diagnostics logged during any training run ("why did this trick help?").
+
+* Clipped tokens: which token strings most often hit the low and the high clip bound (binding clips, from
+  the policy loss's `clipped_low_BT` / `clipped_high_BT` maps), as in the LitePPO paper's analysis of
+  clipped connectives (algorithms.md §8.2.4).
+* Repetition of truncated responses: the fraction of truncated responses whose tail is a repetition loop
+  (`repeated_suffix_fraction` below, algorithms.md §8.2.7), split by reward, versus truncated but not
+  repetitive.
+
+Reward std within groups by difficulty tier comes from the collector, entropy from the update, and the IS
+weight decomposition from `literl.diagnostics.importance`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MAX_PERIOD = 256          # longest loop we look for, in tokens (§8.2.7 proposal)
+REPEAT_COVERAGE = 0.20    # a response is repetitive when its periodic tail covers ≥ 20% of it
+MIN_REPEATS = 2           # ... and the loop repeats at least twice
+
+
+def repeated_suffix_fraction(tokens: list[int] | np.ndarray, max_period: int = MAX_PERIOD) -> float:
+    """Share of the response covered by its longest periodic tail.
+
+    For each period p ≤ max_period, the tail is periodic while y[i] == y[i − p] walking back from the end;
+    its length is that run plus p. The largest tail over all p, divided by the response length, is returned,
+    counting only tails that hold at least MIN_REPEATS full periods. "ababab" → 1.0; "xyzab" → 0.0.
+    """
+    y = np.asarray(tokens)
+    n = len(y)
+    best = 0
+    for p in range(1, min(max_period, n // MIN_REPEATS) + 1):
+        equal = y[p:] == y[:-p]
+        mismatches = np.flatnonzero(~equal)
+        run = len(equal) - (mismatches[-1] + 1) if len(mismatches) else len(equal)
+        tail = run + p
+        if tail >= MIN_REPEATS * p:
+            best = max(best, tail)
+    return best / n if n else 0.0
+
+
+def is_repetitive(tokens, coverage: float = REPEAT_COVERAGE) -> bool:
+    return repeated_suffix_fraction(tokens) >= coverage
+
+
+class MechanismDiagnostics:
+    """Accumulates clipped-token counts over a run and reports repetition metrics per step."""
+
+    def __init__(self, decode=None, top_k: int = 20):
+        self.decode = decode or (lambda ids: str(ids))
+        self.top_k = top_k
+        self.clipped = {"low": Counter(), "high": Counter()}
+
+    def observe_update(self, micro, token_maps: dict[str, torch.Tensor]) -> None:
+        for side in ("low", "high"):
+            clipped_BT = token_maps.get(f"clipped_{side}_BT")
+            if clipped_BT is None:
+                continue
+            hits = clipped_BT.to(micro.loss_mask_BT.device) & micro.loss_mask_BT
+            self.clipped[side].update(micro.response_ids_BT[hits].tolist())
+
+    def observe_rollout(self, batch) -> dict[str, float]:
+        truncated = torch.nonzero(batch.truncated_B).flatten().tolist()
+        if not truncated:
+            return {"repetition/truncated_repetitive_frac": 0.0}
+        flags, correct = [], []
+        for i in truncated:
+            ids = batch.response_ids_BT[i][batch.mask_BT[i]].tolist()
+            flags.append(is_repetitive(ids))
+            correct.append(bool(batch.correct_B[i]))
+        flags_t, correct_t = torch.tensor(flags), torch.tensor(correct)
+        out = {"repetition/truncated_repetitive_frac": float(flags_t.float().mean()),
+               "repetition/truncated_not_repetitive_frac": float((~flags_t).float().mean())}
+        for name, sel in (("correct", correct_t), ("wrong", ~correct_t)):
+            if bool(sel.any()):
+                out[f"repetition/truncated_repetitive_frac_{name}"] = float(flags_t[sel].float().mean())
+        return out
+
+    def top_clipped(self) -> dict[str, list[dict]]:
+        return {side: [{"token": self.decode([tok]), "id": tok, "count": n}
+                       for tok, n in counter.most_common(self.top_k)]
+                for side, counter in self.clipped.items()}
+
+    def state_dict(self) -> dict:
+        return {side: dict(counter) for side, counter in self.clipped.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for side in ("low", "high"):
+            self.clipped[side] = Counter({int(k): v for k, v in state.get(side, {}).items()})
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"clipped_tokens": self.top_clipped()}, indent=2))
+        os.replace(tmp, path)

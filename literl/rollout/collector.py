@@ -1,0 +1,205 @@
+"""Collect one rollout batch: sample groups → reward → shape → group filter, repeated until full.
+
+Dynamic sampling is nothing more than this loop with a group filter that drops groups: the collector
+keeps sampling fresh prompts until `P` groups survive or `max_rounds` rounds have run, and reports how
+many rounds it took. No other part of the loop knows about it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import time
+
+import torch
+
+from literl.batch import RolloutBatch
+from literl.ops import group_mean_std
+from literl.rollout.generator import Generator, SamplingParams
+
+
+class PromptStream:
+    """Endless shuffled passes over the training problems; its position is part of a checkpoint."""
+
+    def __init__(self, num_problems: int, *, seed: int, shuffle: bool = True):
+        if num_problems < 1:
+            raise ValueError("the training set is empty; check data.train and the field names")
+        self.num_problems, self.seed, self.shuffle = num_problems, seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_problems))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.num_problems, generator=g).tolist()
+
+    def take(self, n: int) -> list[int]:
+        out = []
+        while len(out) < n:
+            if self.position >= self.num_problems:
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            out.append(self._order[self.position])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "shuffle": self.shuffle,
+                "num_problems": self.num_problems}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["num_problems"] != self.num_problems:
+            raise ValueError(f"checkpoint was taken on {state['num_problems']} training problems but the data "
+                             f"now has {self.num_problems}; resume with the same data.train")
+        self.seed, self.shuffle = state["seed"], state["shuffle"]
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._permutation(self.epoch)
+
+
+@dataclass
+class _Round:
+    problem_index: list[int]     # one per sequence
+    prompt_ids: list[list[int]]
+    generation: object
+    responses: list[str]
+    scores_B: torch.Tensor
+    correct_B: torch.Tensor
+    rewards_B: torch.Tensor
+    group_B: torch.Tensor
+    keep_B: torch.Tensor
+    reward_metrics: dict
+    seconds: dict
+
+
+class Collector:
+    """Builds `RolloutBatch`es of `prompts_per_step` groups of `group_size` samples."""
+
+    def __init__(self, *, engine: Generator, problems: Sequence[dict], prompt_ids: Callable[[int], list[int]],
+                 decode: Callable[[list[int]], str], rewards, objective, sampling: SamplingParams,
+                 prompts_per_step: int, group_size: int, max_rounds: int, stream: PromptStream, pad_id: int):
+        self.engine, self.problems, self.prompt_ids, self.decode = engine, problems, prompt_ids, decode
+        self.rewards, self.objective, self.sampling = rewards, objective, sampling
+        self.P, self.G, self.max_rounds, self.stream, self.pad_id = (prompts_per_step, group_size, max_rounds,
+                                                                    stream, pad_id)
+        self._next_group_id = 0
+
+    def collect(self, rng: torch.Generator) -> tuple[RolloutBatch, dict[str, float]]:
+        rounds: list[_Round] = []
+        kept_groups = 0
+        while kept_groups < self.P and len(rounds) < self.max_rounds:
+            rnd = self._sample_round(self.P - kept_groups, rng)
+            rounds.append(rnd)
+            kept_groups += len(torch.unique(rnd.group_B[rnd.keep_B]))
+        batch = self._assemble(rounds)
+        return batch, self._metrics(rounds, batch)
+
+    def _sample_round(self, num_prompts: int, rng: torch.Generator) -> _Round:
+        chosen = self.stream.take(num_prompts)
+        problem_index = [i for i in chosen for _ in range(self.G)]
+        prompt_ids = [self.prompt_ids(i) for i in problem_index]
+        start = time.perf_counter()
+        generation = self.engine.generate(prompt_ids, self.sampling, rng=rng)
+        generated = time.perf_counter()
+        responses = [self.decode(ids[m].tolist()) for ids, m in zip(generation.response_ids_BT, generation.mask_BT)]
+        examples = [self.problems[i] for i in problem_index]
+        scores_B, correct_B, reward_metrics = self.rewards.score(responses, examples)
+        seconds = {"generate": generated - start, "reward": time.perf_counter() - generated}
+        lengths_B = generation.mask_BT.sum(-1)
+        rewards_B = self.objective.shape_rewards(scores_B, lengths_B, generation.truncated_B)
+        group_B = torch.arange(self._next_group_id, self._next_group_id + num_prompts).repeat_interleave(self.G)
+        self._next_group_id += num_prompts
+        keep_B = self.objective.keep_groups(correct_B, rewards_B, group_B)
+        return _Round(problem_index, prompt_ids, generation, responses, scores_B, correct_B, rewards_B, group_B,
+                      keep_B, reward_metrics, seconds)
+
+    def _assemble(self, rounds: list[_Round]) -> RolloutBatch:
+        rows = []   # (round, row) of kept sequences, whole groups, at most P groups
+        groups_taken: set[int] = set()
+        for r_i, rnd in enumerate(rounds):
+            for b in range(len(rnd.problem_index)):
+                gid = int(rnd.group_B[b])
+                if not bool(rnd.keep_B[b]):
+                    continue
+                if gid not in groups_taken and len(groups_taken) >= self.P:
+                    continue
+                groups_taken.add(gid)
+                rows.append((r_i, b))
+        T = max((int(rounds[r].generation.mask_BT.shape[1]) for r in range(len(rounds))), default=1)
+        lengths = [len(rounds[r].prompt_ids[b]) + int(rounds[r].generation.mask_BT[b].sum()) for r, b in rows]
+        L = max(lengths, default=1)
+        B = len(rows)
+        tokens_BL = torch.full((B, L), self.pad_id, dtype=torch.long)
+        response_ids_BT = torch.full((B, T), self.pad_id, dtype=torch.long)
+        mask_BT = torch.zeros((B, T), dtype=torch.bool)
+        rollout_logp_BT = torch.zeros((B, T), dtype=torch.float32)
+        for i, (r, b) in enumerate(rows):
+            gen, prompt = rounds[r].generation, rounds[r].prompt_ids[b]
+            n = int(gen.mask_BT[b].sum())
+            tokens_BL[i, :len(prompt)] = torch.as_tensor(prompt)
+            tokens_BL[i, len(prompt):len(prompt) + n] = gen.response_ids_BT[b, :n]
+            width = gen.mask_BT.shape[1]
+            response_ids_BT[i, :width] = gen.response_ids_BT[b]
+            mask_BT[i, :width] = gen.mask_BT[b]
+            rollout_logp_BT[i, :width] = gen.rollout_logp_BT[b]
+
+        def pick(name: str) -> torch.Tensor:
+            if not rows:
+                return getattr(rounds[0], name)[:0] if rounds else torch.zeros(0)
+            return torch.stack([getattr(rounds[r], name)[b] for r, b in rows])
+
+        return RolloutBatch(
+            tokens_BL=tokens_BL,
+            prompt_len_B=torch.tensor([len(rounds[r].prompt_ids[b]) for r, b in rows], dtype=torch.long),
+            response_ids_BT=response_ids_BT, mask_BT=mask_BT, rollout_logp_BT=rollout_logp_BT,
+            truncated_B=torch.stack([rounds[r].generation.truncated_B[b] for r, b in rows]) if rows
+            else torch.zeros(0, dtype=torch.bool),
+            group_B=pick("group_B"), scores_B=pick("scores_B"), correct_B=pick("correct_B"),
+            rewards_B=pick("rewards_B"),
+            problem_B=torch.tensor([rounds[r].problem_index[b] for r, b in rows], dtype=torch.long),
+            responses=[rounds[r].responses[b] for r, b in rows],
+            problems=[self.problems[rounds[r].problem_index[b]] for r, b in rows],
+            pad_id=self.pad_id)
+
+    def _metrics(self, rounds: list[_Round], batch: RolloutBatch) -> dict[str, float]:
+        """Policy statistics over every sampled response (before filtering), plus the filter's effect."""
+        cat = lambda name: torch.cat([getattr(r, name) for r in rounds])  # noqa: E731
+        correct, rewards, scores, group, keep = (cat("correct_B"), cat("rewards_B"), cat("scores_B"),
+                                                 cat("group_B"), cat("keep_B"))
+        lengths = torch.cat([r.generation.mask_BT.sum(-1) for r in rounds]).float()
+        truncated = torch.cat([r.generation.truncated_B for r in rounds]).float()
+        mean_c, _, _ = group_mean_std(correct.float(), group)
+        _, std_reward, _ = group_mean_std(rewards, group)
+        first = torch.ones_like(group, dtype=torch.bool)
+        first[1:] = group[1:] != group[:-1]   # one row per group (groups are contiguous within a round)
+        n_groups = int(first.sum())
+        metrics = {
+            "accuracy": float(correct.float().mean()),
+            "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "score/mean": float(scores.mean()),
+            "response_length/mean": float(lengths.mean()), "response_length/min": float(lengths.min()),
+            "response_length/max": float(lengths.max()), "truncation_rate": float(truncated.mean()),
+            "groups/zero_std_frac": float((std_reward[first] == 0).float().mean()),
+            "groups/reward_std_mean": float(std_reward[first].mean()),
+            "groups/all_correct_frac": float((mean_c[first] == 1).float().mean()),
+            "groups/all_wrong_frac": float((mean_c[first] == 0).float().mean()),
+            "collect/rounds": float(len(rounds)),
+            "collect/sampled_groups": float(n_groups),
+            "collect/kept_group_frac": float(keep[first].float().mean()),
+            "collect/batch_fill": len(torch.unique(batch.group_B)) / self.P if len(batch) else 0.0,
+            "collect/generated_tokens": float(lengths.sum()),
+            "time/generate": sum(r.seconds["generate"] for r in rounds),
+            "time/reward": sum(r.seconds["reward"] for r in rounds),
+        }
+        tiers = [str(self.problems[i].get("tier", "")) for r in rounds for i in r.problem_index]
+        for tier in sorted(set(tiers) - {""}):
+            in_tier = torch.tensor([t == tier for t in tiers]) & first
+            metrics[f"groups/reward_std/{tier}"] = float(std_reward[in_tier].mean())
+        sizes = [len(r.problem_index) for r in rounds]
+        for key in rounds[0].reward_metrics:
+            values = [float(r.reward_metrics[key]) for r in rounds]
+            # counts (timeouts, errors) add up over rounds; means are weighted by each round's size
+            metrics[key] = (sum(v * n for v, n in zip(values, sizes)) / sum(sizes) if key.endswith("mean")
+                            else sum(values))
+        return metrics

@@ -1,0 +1,215 @@
+"""Everything a run is built from, assembled from a Config (or from objects a Python user passes in).
+
+This is where infrastructure choices are made (which model, which data, which device, which engine); the
+trainer only drives the loop over what is assembled here.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from literl.config import Config
+from literl.config_loader import from_yaml_file, resolve, to_yaml
+from literl.diagnostics.mechanisms import MechanismDiagnostics
+from literl.objective import Objective
+from literl.rollout.collector import Collector, PromptStream
+from literl.rollout.generator import SamplingParams
+from literl.rollout.hf_engine import HFEngine
+from literl.training.console import Console
+from literl.training.evaluation_hook import build_evaluator
+from literl.training.metrics import MetricsLog
+from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
+from literl.training.optim import build_optimizer
+from literl.training.problems import training_problems
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class RunComponents:
+    cfg: Config
+    run_dir: Path
+    device: torch.device
+    policy: torch.nn.Module
+    tokenizer: Any
+    reference: torch.nn.Module | None
+    engine: Any
+    objective: Objective
+    collector: Collector
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    evaluator: Callable
+    log: MetricsLog
+    console: Console
+    diagnostics: MechanismDiagnostics
+    started: float = field(default_factory=time.perf_counter)
+
+    def finish(self, eval_results: dict) -> None:
+        """Write the run's summary and diagnostics, print the before/after table."""
+        wall = time.perf_counter() - self.started
+        summary = {"run_dir": str(self.run_dir), "steps": self.cfg.trainer.steps, "wall_seconds": wall,
+                   "preset": self.cfg.preset, "seed": self.cfg.seed, "eval": eval_results}
+        _write_json(self.run_dir / "summary.json", summary)
+        self.diagnostics.write(self.run_dir / "diagnostics.json")
+        self.log.close()
+        self.console.summary(self.run_dir, eval_results, wall)
+
+
+def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None, tokenizer=None,
+                     problems: Sequence[dict] | str | None = None,
+                     reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
+    cfg = resolve(cfg)
+    console = console or Console(cfg.trainer.progress)
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    torch.manual_seed(cfg.seed)
+    device = _device(cfg.trainer.device)
+    run_dir = _prepare_run_dir(cfg, console)
+
+    policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
+    policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
+    data = training_problems(cfg, problems=problems, testbed=is_testbed)
+    template = "raw" if data.is_testbed else cfg.data.template
+    objective = Objective.from_config(cfg)
+    pad_id = pad_token_id(tokenizer)
+    engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
+                      dtype=DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None)
+    reference = None
+    if objective.needs_reference:
+        reference = _reference_model(cfg, policy, device)
+
+    from literl.data.prompts import render_prompt
+    from literl.rewards import RewardSet
+
+    prompt_cache: dict[int, list[int]] = {}
+
+    def prompt_ids(index: int) -> list[int]:
+        if index not in prompt_cache:
+            prompt_cache[index] = render_prompt(data.problems[index]["problem"], tokenizer, template)
+        return prompt_cache[index]
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    rewards = RewardSet(_reward_specs(cfg, reward_fns), timeout_s=cfg.reward.timeout_s)
+    r = cfg.rollout
+    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+    collector = Collector(
+        engine=engine, problems=data.problems, prompt_ids=prompt_ids, decode=decode, rewards=rewards,
+        objective=objective, sampling=sampling, prompts_per_step=r.prompts_per_step, group_size=r.group_size,
+        max_rounds=r.max_rounds, stream=PromptStream(len(data.problems), seed=cfg.seed), pad_id=pad_id)
+    optimizer, scheduler = build_optimizer(cfg, policy)
+    evaluator = build_evaluator(cfg, tokenizer=tokenizer, testbed=data.is_testbed)
+    log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(_as_dict(cfg), default=str)),
+                     run_name=run_dir.name)
+    diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
+    console.note(f"run directory {run_dir} | device {device} | {sum(p.numel() for p in policy.parameters()):,} "
+                 f"parameters | {len(data.problems):,} training problems ({data.description})")
+    return RunComponents(cfg=cfg, run_dir=run_dir, device=device, policy=policy, tokenizer=tokenizer,
+                         reference=reference, engine=engine, objective=objective, collector=collector,
+                         optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
+                         diagnostics=diagnostics)
+
+
+def _device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but no CUDA device is available; use trainer.device=cpu or auto")
+    return torch.device(choice)
+
+
+def _prepare_run_dir(cfg: Config, console: Console) -> Path:
+    if cfg.trainer.output_dir:
+        run_dir = Path(cfg.trainer.output_dir)
+    else:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = Path("runs") / f"{cfg.preset or 'custom'}-{stamp}"
+    config_path = run_dir / "config.yaml"
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not cfg.trainer.resume:
+            raise FileExistsError(
+                f"run directory {run_dir} already holds a run. Continue it with trainer.resume=true, or choose "
+                f"another trainer.output_dir (nothing there was changed).")
+        if config_path.exists():
+            _warn_config_changes(from_yaml_file(config_path), cfg, console)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / ".config.yaml.tmp"
+    tmp.write_text(to_yaml(cfg))
+    os.replace(tmp, config_path)
+    if not cfg.trainer.output_dir:
+        _point_latest(run_dir)
+    return run_dir
+
+
+def _point_latest(run_dir: Path) -> None:
+    link = run_dir.parent / "latest"
+    try:
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(run_dir.name)
+    except OSError:
+        pass    # a convenience only (e.g. filesystems without symlinks)
+
+
+def _warn_config_changes(old: Config, new: Config, console: Console) -> None:
+    old_d, new_d = _flatten(_as_dict(old)), _flatten(_as_dict(new))
+    ignored = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.output_dir", "eval.")
+    changed = [k for k in sorted(set(old_d) | set(new_d))
+               if old_d.get(k) != new_d.get(k) and not k.startswith(ignored)]
+    if changed:
+        console.note("resuming with a config that differs from the saved one in: " + ", ".join(changed))
+
+
+def _as_dict(cfg) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v and k not in ("params",):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _reference_model(cfg: Config, policy: torch.nn.Module, device) -> torch.nn.Module:
+    if cfg.model.reference:
+        from transformers import AutoModelForCausalLM
+
+        reference = AutoModelForCausalLM.from_pretrained(cfg.model.reference).to(device)
+    else:
+        reference = copy.deepcopy(policy)
+    reference.eval().requires_grad_(False)
+    return reference
+
+
+def _reward_specs(cfg: Config, reward_fns: Sequence | None) -> list[tuple]:
+    """Config reward specs, or functions passed from Python: f, (f, weight) or 'pkg.mod:fn'."""
+    if reward_fns is None:
+        return [(spec.fn, spec.weight) for spec in cfg.reward.fns]
+    specs = []
+    for item in reward_fns:
+        fn, weight = item if isinstance(item, tuple) else (item, 1.0)
+        specs.append((fn, float(weight)))
+    return specs
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+

@@ -1,0 +1,147 @@
+"""Metrics: combining micro-batch values exactly, and writing them to metrics.jsonl and trackers.
+
+Reduction across micro-batches is decided by the key (a convention every trick follows):
+    *_max → max,  *_min → min,  loss/* → sum (each micro-batch holds its share of the step loss),
+    anything else → token-weighted mean.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _reduction(key: str) -> str:
+    if key.endswith("_max"):
+        return "max"
+    if key.endswith("_min"):
+        return "min"
+    if key.startswith("loss/"):
+        return "sum"
+    return "mean"
+
+
+class MetricAccumulator:
+    """Combine per-micro-batch metrics into per-step values."""
+
+    def __init__(self):
+        self._sum: dict[str, float] = {}
+        self._weight: dict[str, float] = {}
+        self._extreme: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, Any], weight: float = 1.0) -> None:
+        for key, value in metrics.items():
+            value = float(value.item() if torch.is_tensor(value) else value)
+            kind = _reduction(key)
+            if kind == "sum":
+                self._sum[key] = self._sum.get(key, 0.0) + value
+            elif kind in ("max", "min"):
+                pick = max if kind == "max" else min
+                self._extreme[key] = pick(self._extreme.get(key, value), value)
+            elif weight > 0:
+                self._sum[key] = self._sum.get(key, 0.0) + value * weight
+                self._weight[key] = self._weight.get(key, 0.0) + weight
+
+    def result(self) -> dict[str, float]:
+        out = dict(self._extreme)
+        for key, total in self._sum.items():
+            out[key] = total / self._weight[key] if key in self._weight else total
+        return out
+
+
+def _finite(value: float) -> float | None:
+    # JSON has no NaN/inf; a non-finite metric is written as null so the file stays parseable.
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+class MetricsLog:
+    """metrics.jsonl (always) plus TensorBoard / wandb when asked. One JSON object per step."""
+
+    def __init__(self, run_dir: Path, trackers: list[str], config: dict, *, run_name: str):
+        self.path = run_dir / "metrics.jsonl"
+        self.samples_path = run_dir / "samples.jsonl"
+        self.eval_path = run_dir / "eval.jsonl"
+        self._tb = self._wandb = None
+        if "tensorboard" in trackers:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise RuntimeError("trainer.trackers has tensorboard but it is not installed: "
+                                   "pip install 'literl[tensorboard]'") from err
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if "wandb" in trackers:
+            try:
+                import wandb
+            except ImportError as err:
+                raise RuntimeError("trainer.trackers has wandb but it is not installed: pip install 'literl[wandb]'") from err
+            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "literl"), name=run_name,
+                                     config=config, dir=str(run_dir), resume="allow")
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records past `step` (a resumed run rewrites what came after its checkpoint)."""
+        for path in (self.path, self.samples_path, self.eval_path):
+            if not path.exists():
+                continue
+            kept = []
+            for line in path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue   # a line cut short by a crash
+                if record.get("step", 0) <= step:
+                    kept.append(line)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(k + "\n" for k in kept))
+            os.replace(tmp, path)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: _finite(v) for k, v in sorted(metrics.items())}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                if _finite(value) is not None:
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+
+    def log_eval(self, step: int, tag: str, results: dict[str, float]) -> None:
+        """One record per evaluation: {"step", "tag", "<benchmark>/<metric>": value, ...}."""
+        with open(self.eval_path, "a") as f:
+            f.write(json.dumps({"step": step, "tag": tag, **{k: _finite(v) if isinstance(v, float) else v
+                                                             for k, v in results.items()}}) + "\n")
+        if self._tb is not None:
+            for key, value in results.items():
+                if isinstance(value, (int, float)) and _finite(value) is not None:
+                    self._tb.add_scalar(f"eval/{key}", value, step)
+        if self._wandb is not None:
+            self._wandb.log({f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))}, step=step)
+
+    def log_samples(self, step: int, samples: list[dict]) -> None:
+        with open(self.samples_path, "a") as f:
+            for sample in samples:
+                f.write(json.dumps({"step": step, **sample}) + "\n")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(run_dir: str | Path, name: str = "metrics.jsonl") -> list[dict]:
+    """All records of a run's metrics.jsonl (or eval.jsonl), skipping a line cut short by a crash."""
+    path = Path(run_dir) / name
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

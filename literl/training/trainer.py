@@ -1,0 +1,245 @@
+"""The RL loop. It reads like the algorithm box of a paper and never looks at a trick's name:
+
+    for step = 1 … S:
+        batch   ← collect P groups of G samples (rewards, shaping, group filter; resampling if asked)
+        old     ← log π_old(batch)           (skipped when it can be read off the update, or in bypass mode)
+        ref     ← log π_ref(batch)           (only when the objective has a KL term)
+        train   ← objective.prepare(batch, old, ref)      advantages, masks, IS weights, agg. weights
+        for each of N mini-batches:  Σ_micro objective.loss(micro).backward();  optimizer.step()
+        engine  ← θ                           (weight sync)
+        log metrics; evaluate and checkpoint on schedule
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from literl.batch import TrainBatch
+from literl.ops import masked_max, masked_mean
+from literl.training.checkpoint import (latest_checkpoint, load_checkpoint, restore_rng_state, rng_state,
+                                        save_checkpoint, save_model)
+from literl.training.components import RunComponents
+from literl.training.logprobs import token_logprobs
+from literl.training.metrics import MetricAccumulator
+
+
+class PhaseTimer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+
+class Trainer:
+    """Owns the loop state (step, RNG) around the components a run is built from."""
+
+    def __init__(self, parts: RunComponents):
+        self.parts = parts
+        self.cfg = parts.cfg
+        self.step = 0
+        self.rng = torch.Generator().manual_seed(self.cfg.seed)
+        self.eval_results: dict[str, dict] = {}
+
+    # ------------------------------------------------------------------------------------------ the loop
+    def fit(self) -> Path:
+        p, cfg = self.parts, self.cfg
+        self._resume_if_asked()
+        if self.step == 0 and cfg.eval.before:
+            self._evaluate("before")
+        p.console.start(total=cfg.trainer.steps, done=self.step)
+        with _deferred_interrupts() as stop_requested:
+            while self.step < cfg.trainer.steps and not stop_requested():
+                metrics = self._train_step()
+                self.step += 1
+                p.log.log(self.step, metrics)
+                p.console.update(self.step, metrics)
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.trainer.steps:
+                    self._evaluate(f"step_{self.step}")
+                if cfg.trainer.save_every and self.step % cfg.trainer.save_every == 0:
+                    self._save_checkpoint()
+        p.console.stop()
+        path = self._save_checkpoint()
+        if self.step < cfg.trainer.steps:
+            p.console.note(f"interrupted after step {self.step}: checkpoint saved at {path}; continue with "
+                           f"trainer.resume=true trainer.output_dir={p.run_dir}")
+            raise KeyboardInterrupt
+        save_model(p.run_dir / "final", p.policy, p.tokenizer)
+        self._evaluate("after")
+        p.finish(self.eval_results)
+        return p.run_dir
+
+    def _train_step(self) -> dict[str, float]:
+        p, cfg = self.parts, self.cfg
+        timer = PhaseTimer()
+        with timer("rollout"):
+            batch, metrics = p.collector.collect(self.rng)
+        if len(batch) == 0:
+            # Every group was filtered out (e.g. dynamic sampling with all-equal groups): nothing to learn from.
+            metrics.update({"loss/total": 0.0, "optim/grad_norm": 0.0, "optim/skipped_step": 1.0})
+            return {**metrics, **self._timing(timer, batch, metrics)}
+        n_minibatches = min(cfg.trainer.minibatches, max(len(torch.unique(batch.group_B)), 1))
+        old_logp_BT = ref_logp_BT = None
+        if p.objective.needs_old_logp_pass(n_minibatches):
+            with timer("old_logp"):
+                old_logp_BT = self._logprobs(p.policy, batch)
+        if p.reference is not None:
+            with timer("ref_logp"):
+                ref_logp_BT = self._logprobs(p.reference, batch)
+        train, prep_metrics = p.objective.prepare(batch, old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT,
+                                                  minibatches=n_minibatches, rng=self.rng)
+        metrics.update(prep_metrics)
+        with timer("update"):
+            metrics.update(self._update(train))
+        p.engine.sync_weights(p.policy)
+        metrics.update(p.diagnostics.observe_rollout(batch))
+        p.log.log_samples(self.step + 1, _samples(batch, cfg.trainer.log_samples))
+        return {**metrics, **self._timing(timer, batch, metrics)}
+
+    def _update(self, train: TrainBatch) -> dict[str, float]:
+        """N optimizer steps; each accumulates its micro-batches' exact shares of the step loss."""
+        p, cfg = self.parts, self.cfg
+        acc = MetricAccumulator()
+        p.policy.train()
+        for k, minibatch in enumerate(train.minibatches()):
+            p.optimizer.zero_grad(set_to_none=True)
+            for micro in minibatch.micro_batches(cfg.trainer.micro_batch_tokens):
+                logp_BT, entropy_BT = token_logprobs(
+                    p.policy, micro.tokens_BL.to(p.device), micro.prompt_len_B.to(p.device),
+                    micro.response_ids_BT.shape[1], temperature=cfg.rollout.temperature, with_entropy=True)
+                out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT)
+                out.loss.backward()
+                acc.add(out.metrics, weight=out.num_loss_tokens)
+                acc.add({f"staleness/ppo_kl_mb{k}": out.metrics.get("st/ppo_kl", 0.0)}, weight=out.num_loss_tokens)
+                mask = micro.mask_BT.to(p.device)
+                acc.add({"entropy/mean": masked_mean(entropy_BT.detach(), mask)}, weight=int(mask.sum()))
+                acc.add({"entropy/token_max": masked_max(entropy_BT.detach(), mask)})
+                p.diagnostics.observe_update(micro, out.token_maps)
+            grad_norm = self._clip_gradients()
+            acc.add({"optim/grad_norm": grad_norm, "optim/lr": p.scheduler.get_last_lr()[0]})
+            p.optimizer.step()
+            p.scheduler.step()
+        return acc.result()
+
+    def _clip_gradients(self) -> float:
+        params = [q for q in self.parts.policy.parameters() if q.grad is not None]
+        if not params:
+            return 0.0
+        max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else math.inf
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    @torch.no_grad()
+    def _logprobs(self, model: torch.nn.Module, batch) -> torch.Tensor:
+        """log-probs of the batch's responses under `model`, in micro-batches, in batch row order."""
+        out = torch.zeros_like(batch.rollout_logp_BT)
+        T = batch.response_ids_BT.shape[1]
+        rows = torch.arange(len(batch))
+        step = max(1, self.cfg.trainer.micro_batch_tokens // max(int(batch.lengths_B.max()), 1))
+        model.eval()
+        for start in range(0, len(batch), step):
+            idx = rows[start:start + step]
+            part = batch.select(idx).trimmed()
+            logp, _ = token_logprobs(model, part.tokens_BL.to(self.parts.device), part.prompt_len_B.to(self.parts.device),
+                                     part.response_ids_BT.shape[1], temperature=self.cfg.rollout.temperature)
+            out[idx, :logp.shape[1]] = logp.float().cpu()
+        return torch.where(batch.mask_BT, out, torch.zeros_like(out))[:, :T]
+
+    @staticmethod
+    def _timing(timer: PhaseTimer, batch, metrics: dict) -> dict[str, float]:
+        total = sum(timer.seconds.values())
+        generated = float(metrics.get("collect/generated_tokens", batch.num_tokens))
+        out = {f"time/{k}": v for k, v in timer.seconds.items()}
+        out.update({"time/step": total, "throughput/generated_tokens_per_s": generated / max(total, 1e-9),
+                    "throughput/trained_tokens_per_s": batch.num_tokens / max(timer.seconds.get("update", 0), 1e-9)})
+        for key in ("time/generate", "time/reward"):   # reported by the collector inside the rollout phase
+            if key in metrics:
+                out[key] = metrics[key]
+        return out
+
+    # ------------------------------------------------------------------------------------------ eval, save, resume
+    def _evaluate(self, tag: str) -> None:
+        p = self.parts
+        # Evaluation seeds its own generators, so it never shifts the training random stream.
+        results = p.evaluator(p.engine, progress=p.console.sub_progress)
+        self.eval_results[tag] = {"step": self.step, **results}
+        p.log.log_eval(self.step, tag, results)
+        p.console.note_eval(tag, self.step, results)
+
+    def _save_checkpoint(self) -> Path:
+        p = self.parts
+        state = {"optimizer": p.optimizer.state_dict(), "scheduler": p.scheduler.state_dict(),
+                 "rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
+                 "eval_results": self.eval_results, "diagnostics": p.diagnostics.state_dict()}
+        return save_checkpoint(p.run_dir, self.step, model=p.policy, tokenizer=p.tokenizer, trainer_state=state,
+                               keep=self.cfg.trainer.keep_checkpoints)
+
+    def _resume_if_asked(self) -> None:
+        p = self.parts
+        if not self.cfg.trainer.resume:
+            return
+        path = latest_checkpoint(p.run_dir)
+        if path is None:
+            p.console.note(f"trainer.resume=true but {p.run_dir} has no checkpoint yet: starting from step 0")
+            return
+        state = load_checkpoint(path, p.policy)
+        p.optimizer.load_state_dict(state["optimizer"])
+        p.scheduler.load_state_dict(state["scheduler"])
+        restore_rng_state(state["rng"], self.rng)
+        p.collector.stream.load_state_dict(state["stream"])
+        p.diagnostics.load_state_dict(state.get("diagnostics", {}))
+        self.eval_results = state.get("eval_results", {})
+        self.step = int(state["step"])
+        p.engine.sync_weights(p.policy)
+        p.log.truncate_after(self.step)
+        p.console.note(f"resumed from {path} at step {self.step}")
+
+
+def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    if device.type == "cpu":
+        return batch
+    import dataclasses
+
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(device)
+                                         for f in dataclasses.fields(batch)
+                                         if torch.is_tensor(getattr(batch, f.name))})
+
+
+def _samples(batch, n: int) -> list[dict]:
+    return [{"problem": batch.problems[i].get("problem", ""), "gold": batch.problems[i].get("answer", ""),
+             "response": batch.responses[i], "reward": float(batch.rewards_B[i]),
+             "correct": bool(batch.correct_B[i]), "truncated": bool(batch.truncated_B[i])}
+            for i in range(min(n, len(batch)))]
+
+
+@contextmanager
+def _deferred_interrupts():
+    """Ctrl-C (or SIGTERM, e.g. from the ablation runner) finishes the current step, then the loop saves a
+    checkpoint and stops; a second Ctrl-C aborts at once (the last saved checkpoint stays intact)."""
+    requested = []
+
+    def handler(signum, frame):
+        if requested:
+            raise KeyboardInterrupt
+        requested.append(signum)
+        print("\n[literl] stopping after this step to save a checkpoint (Ctrl-C again to abort without saving)",
+              flush=True)
+
+    try:
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:          # not the main thread (e.g. a notebook worker): leave signals alone
+        yield lambda: False
+        return
+    try:
+        yield lambda: bool(requested)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

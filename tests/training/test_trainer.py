@@ -1,0 +1,150 @@
+"""End-to-end behaviour of the training loop on tiny models (seconds each)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from literl.config_loader import load_config, preset_names
+from literl.training.api import train
+from literl.training.metrics import read_metrics
+
+TINY = ["trainer.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=12",
+        "eval.limit=4", "eval.samples=2", "eval.greedy=false", "trainer.progress=false", "data.size=64",
+        "optim.lr=1e-3"]
+
+
+def _overrides(model_dir, out, *extra):
+    return [f"model.path={model_dir}", f"trainer.output_dir={out}", *TINY, *extra]
+
+
+def _run(model_dir, out, *extra, preset="lite_ppo"):
+    cfg = load_config(preset=preset, overrides=_overrides(model_dir, out, *extra))
+    return train(cfg)
+
+
+def _params(run_dir, sub="final"):
+    files = sorted((run_dir / sub).glob("*.safetensors"))
+    out = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+TIMING = ("time/", "throughput/")
+
+
+def _comparable(records):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
+
+
+def length_reward(response: str, example: dict) -> float:
+    """A reward that varies within groups even for a random model, so every step does a real update."""
+    return float(len(response) % 3 == 0)
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_preset_trains_two_steps_with_finite_loss(tiny_qwen3_dir, tmp_path, preset):
+    cfg = load_config(preset=preset, overrides=_overrides(tiny_qwen3_dir, tmp_path / preset))
+    run_dir = train(cfg, reward_fns=[length_reward])
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert "optim/skipped_step" not in r
+        assert r["loss/total"] is not None and math.isfinite(r["loss/total"])
+        assert r["optim/grad_norm"] is not None and math.isfinite(r["optim/grad_norm"]) and r["optim/grad_norm"] > 0
+    assert (run_dir / "final" / "config.json").exists() and (run_dir / "summary.json").exists()
+
+
+def test_training_changes_the_parameters(tiny_qwen3_dir, tmp_path):
+    """Rewards must vary for a non-zero update, so score responses by their length (a user reward fn)."""
+    cfg = load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "r"))
+    run_dir = train(cfg, reward_fns=[length_reward])
+    before = load_file(str(next((tiny_qwen3_dir).glob("*.safetensors"))))
+    after = _params(run_dir)
+    changed = [k for k in after if not torch.equal(after[k], before[k])]
+    assert changed, "two RL steps with varying rewards must move the weights"
+
+
+def test_four_steps_equal_two_steps_resumed_to_four(tiny_qwen3_dir, tmp_path):
+    """Same metrics (timing aside) and bit-identical parameters."""
+    extra = ["trainer.steps=4", "trainer.save_every=2"]
+    reward = [length_reward]
+    straight = train(load_config(preset="dapo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "a", *extra)),
+                     reward_fns=reward)
+    first = train(load_config(preset="dapo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "b",
+                                                                  "trainer.steps=2", "trainer.save_every=2")),
+                  reward_fns=reward)
+    resumed = train(load_config(preset="dapo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "b", *extra,
+                                                                    "trainer.resume=true")), reward_fns=reward)
+    assert resumed == first
+    assert _comparable(read_metrics(straight)) == _comparable(read_metrics(resumed))
+    a, b = _params(straight), _params(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_existing_run_dir_is_refused_without_resume(tiny_qwen3_dir, tmp_path):
+    run_dir = _run(tiny_qwen3_dir, tmp_path / "r")
+    before = (run_dir / "metrics.jsonl").read_text()
+    with pytest.raises(FileExistsError, match="trainer.resume=true"):
+        _run(tiny_qwen3_dir, tmp_path / "r")
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_bf16_rollout_makes_a_real_mismatch_and_minirl_runs_with_and_without_is(tiny_qwen3_dir, tmp_path):
+    for label, is_on in (("with", "true"), ("without", "false")):
+        run_dir = _run(tiny_qwen3_dir, tmp_path / label, "rollout.dtype=bfloat16",
+                       f"algorithm.policy_loss.params.train_infer_is={is_on}", preset="minirl")
+        records = read_metrics(run_dir)
+        assert all(r["mismatch/kl_k3"] > 0 and r["mismatch/abs_logdiff_max"] > 1e-4 for r in records)
+        assert all(math.isfinite(r["loss/total"]) for r in records)
+        weight_max = [r["policy_loss/is_weight_max"] for r in records]
+        if is_on == "true":
+            assert any(abs(w - 1.0) > 1e-4 for w in weight_max), "π_old/μ_old must move the IS weight off 1"
+
+
+def test_fp32_rollout_agrees_with_the_trainer(tiny_qwen3_dir, tmp_path):
+    run_dir = _run(tiny_qwen3_dir, tmp_path / "r", "trainer.recompute_old_logp=always",
+                   "algorithm.is_correction.name=token_tis")
+    assert all(r["mismatch/abs_logdiff_max"] < 1e-4 for r in read_metrics(run_dir))
+
+
+def test_hostile_responses_score_zero_and_training_continues(tiny_qwen3_dir, tmp_path, monkeypatch):
+    """100 KB of digits, deep braces and a huge exponent as responses: scored 0, the step completes."""
+    import literl.training.components as components
+
+    hostile = ["\\boxed{" + "9" * 100_000 + "}", "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
+               "\\boxed{9^{9^{9^{9}}}}", "\\boxed{10^{10^{10}}}"]
+    real_build = components.build_components
+
+    def build_with_hostile_decoding(*args, **kwargs):
+        parts = real_build(*args, **kwargs)
+        counter = iter(range(10**9))
+        parts.collector.decode = lambda ids: hostile[next(counter) % len(hostile)]
+        return parts
+
+    monkeypatch.setattr(components, "build_components", build_with_hostile_decoding)
+    cfg = load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "r", "reward.timeout_s=2"))
+    run_dir = train(cfg)
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["accuracy"] == 0.0 and math.isfinite(r["loss/total"]) for r in records)
+    assert all(r["time/reward"] < 30 for r in records)
+
+
+def test_run_directory_holds_config_metrics_samples_and_eval(tiny_qwen3_dir, tmp_path):
+    run_dir = _run(tiny_qwen3_dir, tmp_path / "r")
+    assert (run_dir / "config.yaml").exists()
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and {"problem", "response", "reward", "correct"} <= set(samples[0])
+    evals = read_metrics(run_dir, "eval.jsonl")
+    assert [e["tag"] for e in evals] == ["before", "after"]
+    assert 0.0 <= evals[-1]["testbed/accuracy"] <= 1.0
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    AutoTokenizer.from_pretrained(run_dir / "final")
