@@ -1,7 +1,12 @@
 """Batched sampling with a KV cache for any Hugging Face causal LM.
 
-Prompts are left-padded so that every row's next token sits in the last column; finished rows are
-dropped from the batch (and from the KV cache) so that they stop costing compute.
+Where the time goes and what this engine does about it (numbers in benchmarks/engine_speed.py):
+- Prefill runs once per distinct prompt; the G samples of a group share its KV cache (a copy, not a forward).
+- Decode uses `StaticKVDecoder` (preallocated cache, a lean step over the model's own submodules) when the
+  model passes its structure and numerical check, else the model's forward with a `DynamicCache`.
+- Finished rows are dropped from the batch once enough of them accumulate to pay for the cache copy.
+- Host syncs (reading "how many rows are done") happen every step on CPU, where they are free, and every
+  `sync_every` steps on accelerators, where each one stalls the launch queue.
 """
 
 from __future__ import annotations
@@ -10,10 +15,16 @@ import copy
 from typing import Sequence
 
 import torch
-from transformers.cache_utils import DynamicCache
 
+from literl.rollout.decoding import Decoder, DistinctPrompts, DynamicCacheDecoder, distinct_prompts, prefill
 from literl.rollout.generator import Generation, SamplingParams
 from literl.rollout.sampling import sample_next_token
+from literl.rollout.static_kv import StaticKVDecoder, static_decode_step, supports_static_kv
+
+# Drop finished rows once they are at least this fraction of the live batch: the copy of the live rows'
+# cache then costs less than the steps it saves (benchmarks/engine_speed.py --compact-fraction).
+COMPACT_FRACTION = 0.125
+ACCELERATOR_SYNC_EVERY = 8
 
 
 class HFEngine:
@@ -22,19 +33,30 @@ class HFEngine:
     With `dtype=None` (default) the engine samples from the policy module itself, so weight sync is
     free. With a lower precision (`torch.bfloat16`) it keeps its own copy in that dtype, which makes the
     training–inference mismatch real and measurable on CPU; `sync_weights` refreshes that copy.
+
+    `decode` picks the decode path: "auto" (the static-cache step when the model supports it), "static", or
+    "dynamic" (the model's own forward). `compile=True` compiles the static step with `torch.compile`
+    (about 15 s once per engine on CPU; worth it only for long runs). `sync_every` sets how many steps pass
+    between checks for finished rows (default: 1 on CPU, 8 on accelerators).
     """
 
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_id: int,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, decode: str = "auto", compile: bool = False,
+                 sync_every: int | None = None):
         self.dtype = dtype
         self.eos_token_ids = sorted(set(int(t) for t in eos_token_ids))
         if not self.eos_token_ids:
             raise ValueError("HFEngine needs at least one EOS token id to know when a response ends")
+        if decode not in ("auto", "static", "dynamic"):
+            raise ValueError(f"decode must be 'auto', 'static' or 'dynamic' (got {decode!r})")
         self.pad_id = int(pad_id)
         self.model = model
         if dtype is not None and dtype != next(model.parameters()).dtype:
-            self.model = copy.deepcopy(model).to(dtype)
-        self.model.eval()
+            self.model = copy.deepcopy(model).to(dtype).eval()
+        self.decode = decode
+        self.sync_every = sync_every
+        self._static_ok: bool | None = None
+        self._step_fn = torch.compile(static_decode_step, dynamic=True) if compile else static_decode_step
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         if self.model is policy:
@@ -43,11 +65,22 @@ class HFEngine:
             for dst, src in zip(self.model.parameters(), policy.parameters()):
                 dst.copy_(src)
 
+    @property
+    def uses_static_kv(self) -> bool:
+        """Whether decode runs on the static-cache step (checked once, on first use)."""
+        if self.decode == "dynamic":
+            return False
+        if self._static_ok is None:
+            self._static_ok = supports_static_kv(self.model)
+            if self.decode == "static" and not self._static_ok:
+                raise ValueError(f"{type(self.model).__name__} does not support the static KV decode step")
+        return self._static_ok
+
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  *, rng: torch.Generator | None = None) -> Generation:
         device = next(self.model.parameters()).device
-        B = len(prompts)
+        B, T = len(prompts), params.max_new_tokens
         if B == 0:
             empty = torch.zeros(0, 1)
             return Generation(empty.long(), empty.bool(), empty, torch.zeros(0, dtype=torch.bool))
@@ -55,50 +88,73 @@ class HFEngine:
             raise ValueError("every prompt needs at least one token")
         was_training = self.model.training
         self.model.eval()
-        P = max(len(p) for p in prompts)
-        input_ids = torch.full((B, P), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, P), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, P - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-            attn[i, P - len(p):] = 1
-        input_ids, attn = input_ids.to(device), attn.to(device)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        try:
+            use_static = self.uses_static_kv
+            prepared = distinct_prompts(prompts, self.pad_id, device)
+            first_logits_UV, cache = prefill(self.model, prepared)
+            decoder = self._decoder(cache, prepared, T, use_static)
+            ids_BT, logp_BT = self._sample_loop(decoder, first_logits_UV[prepared.source_B], params,
+                                                _device_rng(rng, device))
+        finally:
+            self.model.train(was_training)
+        return self._generation(ids_BT, logp_BT)
 
-        T = params.max_new_tokens
-        out_ids = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
-        out_logp = torch.zeros((B, T), dtype=torch.float32, device=device)
-        lengths = torch.zeros(B, dtype=torch.long, device=device)
-        finished = torch.zeros(B, dtype=torch.bool, device=device)
-        eos = torch.tensor(self.eos_token_ids, device=device)
+    def _decoder(self, cache, prepared: DistinctPrompts, T: int, use_static: bool) -> Decoder:
+        if use_static:
+            return StaticKVDecoder(self.model, cache, prepared, T, step_fn=self._step_fn)
+        return DynamicCacheDecoder(self.model, cache, prepared)
 
-        cache = DynamicCache()
-        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1]
-        active = torch.arange(B, device=device)      # original row of each live cache row
-        next_pos = positions[:, -1] + 1
+    def _sample_loop(self, decoder: Decoder, logits_BV: torch.Tensor, params: SamplingParams,
+                     rng: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample T steps; return (ids_BT, logp_BT), pad / 0 where a row was no longer running.
+
+        Slots are the live rows of the decoder's batch; `row_R` maps them back to rows of the output.
+        """
+        (B, V), T, device = logits_BV.shape, params.max_new_tokens, logits_BV.device
+        ids_BT = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
+        logp_BT = torch.zeros((B, T), dtype=torch.float32, device=device)
+        eos_E = torch.tensor(self.eos_token_ids, device=device)
+        sync_every = self.sync_every or (1 if device.type == "cpu" else ACCELERATOR_SYNC_EVERY)
+        row_R = torch.arange(B, device=device)
+        done_R = torch.zeros(B, dtype=torch.bool, device=device)
+        logits_RV = logits_BV
         for t in range(T):
-            token, logp = sample_next_token(logits, params, rng)
-            out_ids[active, t] = token
-            out_logp[active, t] = logp
-            lengths[active] = t + 1
-            done_now = torch.isin(token, eos)
-            finished[active] |= done_now
-            if t == T - 1 or bool(done_now.all()):
+            # Noise for all B rows at every step, so a row's sample never depends on which rows were dropped.
+            noise_BV = None if params.greedy else torch.empty(B, V, device=device).exponential_(generator=rng)
+            noise_RV = noise_BV if noise_BV is None or row_R.shape[0] == B else noise_BV[row_R]
+            token_R, token_logp_R = sample_next_token(logits_RV, params, exp_noise_BV=noise_RV)
+            ids_BT[row_R, t], logp_BT[row_R, t] = token_R, token_logp_R
+            done_R |= torch.isin(token_R, eos_E)
+            if t == T - 1:
                 break
-            if bool(done_now.any()):
-                keep = torch.nonzero(~done_now).flatten()
-                cache.batch_select_indices(keep)
-                active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            out = self.model(input_ids=token[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                             past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1]
-            next_pos = next_pos + 1
-        if was_training:
-            self.model.train()
+            if (t + 1) % sync_every == 0:
+                n_done = int(done_R.sum())
+                if n_done == done_R.shape[0]:
+                    break
+                if n_done >= max(1.0, COMPACT_FRACTION * done_R.shape[0]):
+                    live_K = torch.nonzero(~done_R).flatten()
+                    decoder.keep(live_K)
+                    row_R, token_R, done_R = row_R[live_K], token_R[live_K], done_R[live_K]
+            logits_RV = decoder.step(token_R)
+        return ids_BT, logp_BT
 
-        mask = torch.arange(T, device=device)[None, :] < lengths[:, None]
-        out_ids = torch.where(mask, out_ids, torch.full_like(out_ids, self.pad_id))
-        out_logp = torch.where(mask, out_logp, torch.zeros_like(out_logp))
-        return Generation(out_ids.cpu(), mask.cpu(), out_logp.cpu(), (~finished).cpu())
+    def _generation(self, ids_BT: torch.Tensor, logp_BT: torch.Tensor) -> Generation:
+        """Cut each row after its first EOS.
+
+        Finished rows keep sampling until they are dropped or the loop ends, and a row is only dropped, and
+        the loop only stops early, after an EOS: so every column up to a row's first EOS was written.
+        """
+        eos_BT = torch.isin(ids_BT, torch.tensor(self.eos_token_ids, device=ids_BT.device))
+        mask_BT = (eos_BT.long().cumsum(-1) - eos_BT.long()) == 0
+        ids_BT = torch.where(mask_BT, ids_BT, torch.full_like(ids_BT, self.pad_id))
+        logp_BT = torch.where(mask_BT, logp_BT, torch.zeros_like(logp_BT))
+        truncated_B = ~(eos_BT & mask_BT).any(-1)
+        return Generation(ids_BT.cpu(), mask_BT.cpu(), logp_BT.cpu(), truncated_B.cpu())
+
+
+def _device_rng(rng: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator on the sampling device, seeded from `rng` so that a seeded run repeats exactly."""
+    if rng is None or rng.device == device or (device.type == "cpu" and rng.device.type == "cpu"):
+        return rng
+    seed = int(torch.randint(0, 2**62, (1,), generator=rng))
+    return torch.Generator(device=device).manual_seed(seed)

@@ -7,30 +7,46 @@ import torch
 from literl.rollout.generator import SamplingParams
 
 
-def sample_next_token(logits_BV: torch.Tensor, params: SamplingParams,
-                      rng: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next_token(logits_BV: torch.Tensor, params: SamplingParams, rng: torch.Generator | None = None,
+                      *, exp_noise_BV: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return (token_B, logp_B).
 
     logp is log softmax(logits / temperature) at the sampled token over the *full* vocabulary, the same
     quantity the trainer computes for old_logp. Top-k/top-p only decide which tokens may be drawn; their
     renormalisation is not folded into the reported log-prob (folding it in biases IS ratios by log of
     the kept mass, vllm#42259).
+
+    Sampling is an exponential race: token = argmax_v (log q_v − log E_v), E_v ~ Exp(1) i.i.d., which draws v
+    with probability q_v (the filtered, renormalised distribution). `exp_noise_BV` supplies the E_v (drawn from
+    `rng` when omitted): the engine draws them for every row of the batch at every step, so a row's sample
+    depends only on the seed, its row and its step, never on which other rows are still running.
     """
     logp_BV = torch.log_softmax(logits_BV.float() / params.temperature, dim=-1)
     if params.greedy:
-        token = logp_BV.argmax(-1)
+        token_B = logp_BV.argmax(-1)
     else:
-        filtered = logp_BV
-        if params.top_k and params.top_k < filtered.shape[-1]:
-            kth = torch.topk(filtered, params.top_k, dim=-1).values[:, -1:]
-            filtered = filtered.masked_fill(filtered < kth, float("-inf"))
-        if params.top_p < 1.0:
-            sorted_logp, order = torch.sort(filtered, dim=-1, descending=True)
-            cum = sorted_logp.exp().cumsum(-1)
-            # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-            drop_sorted = (cum - sorted_logp.exp()) >= params.top_p
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-            filtered = filtered.masked_fill(drop, float("-inf"))
-        probs = torch.softmax(filtered, dim=-1)
-        token = torch.multinomial(probs, 1, generator=rng).squeeze(-1)
-    return token, logp_BV.gather(-1, token[:, None]).squeeze(-1)
+        allowed_BV = filter_top_k_top_p(logp_BV, top_k=params.top_k, top_p=params.top_p)
+        if exp_noise_BV is None:
+            exp_noise_BV = torch.empty_like(allowed_BV).exponential_(generator=rng)
+        token_B = (allowed_BV - exp_noise_BV.log()).argmax(-1)
+    return token_B, logp_BV.gather(-1, token_B[:, None]).squeeze(-1)
+
+
+def filter_top_k_top_p(logp_BV: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """log-probs with the tokens outside the top-k and outside the top-p nucleus set to −inf.
+
+    top-p keeps the smallest set of most likely tokens whose mass reaches top_p (the most likely token always
+    stays). With both, top-k applies first and top-p measures mass in the renormalised top-k distribution,
+    as Hugging Face's warpers and vLLM do.
+    """
+    allowed_BV = logp_BV
+    if top_k and top_k < allowed_BV.shape[-1]:
+        kth_B1 = torch.topk(allowed_BV, top_k, dim=-1).values[:, -1:]
+        allowed_BV = allowed_BV.masked_fill(allowed_BV < kth_B1, float("-inf"))
+    if top_p < 1.0:
+        sorted_BV, order_BV = torch.sort(allowed_BV, dim=-1, descending=True)
+        probs_BV = torch.softmax(sorted_BV, dim=-1)
+        mass_before_BV = probs_BV.cumsum(-1) - probs_BV
+        drop_BV = torch.zeros_like(mass_before_BV, dtype=torch.bool).scatter(-1, order_BV, mass_before_BV >= top_p)
+        allowed_BV = allowed_BV.masked_fill(drop_BV, float("-inf"))
+    return allowed_BV

@@ -1,0 +1,180 @@
+"""A lean decode step with a preallocated KV cache, for decoder-only LMs of the Llama / Qwen family.
+
+Why: the model's own forward spends most of a small model's decode step outside the maths: `DynamicCache`
+grows by concatenation (every step copies the whole cache), and mask and position bookkeeping run per layer.
+Here the cache is allocated once (prompt width + max_new_tokens columns), a step writes one column and
+attends over the columns written so far, and the layers' own submodules (norms, projections, MLP or MoE
+block, rotary embedding) do the maths, so the numbers are those of the model's forward.
+
+It applies to pre-norm decoders whose layers compute `h += attn(input_layernorm(h)); h += mlp(post_norm(h))`
+with q/k/v/o projections, optional per-head q/k norms and standard rotary embeddings, and no sliding window.
+`supports_static_kv` checks the structure and then compares a few decode steps with the model's forward;
+any other model uses `DynamicCacheDecoder`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache
+
+from literl.rollout.decoding import DistinctPrompts, distinct_prompts, prefill
+
+_LAYER_PARTS = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
+_ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
+_BODY_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
+# Config fields of attention variants this step does not implement.
+_UNSUPPORTED_CONFIG = ("attn_logit_softcapping", "final_logit_softcapping")
+
+
+class StaticKVDecoder:
+    """Decoder over a preallocated per-layer KV cache [R, kv_heads, S, head_dim], S = P + max_new_tokens − 1.
+
+    `step_fn` is `static_decode_step` or a compiled version of it (the engine compiles it once and reuses it).
+    """
+
+    def __init__(self, model: torch.nn.Module, cache: DynamicCache, prompts: DistinctPrompts,
+                 max_new_tokens: int, step_fn=None):
+        self.model = model
+        self.step_fn = step_fn or static_decode_step
+        P, source_B = prompts.width, prompts.source_B
+        capacity = P + max(max_new_tokens - 1, 0)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        for layer in cache.layers:
+            keys_UKPD, values_UKPD = layer.keys, layer.values
+            R, K, _, D = source_B.shape[0], keys_UKPD.shape[1], keys_UKPD.shape[2], keys_UKPD.shape[3]
+            keys_RKSD = keys_UKPD.new_empty(R, K, capacity, D)
+            values_RKSD = values_UKPD.new_empty(R, K, capacity, D)
+            keys_RKSD[:, :, :P] = keys_UKPD[source_B]
+            values_RKSD[:, :, :P] = values_UKPD[source_B]
+            self.keys.append(keys_RKSD)
+            self.values.append(values_RKSD)
+        # Additive attention bias: −inf on left padding; unwritten columns are never read (sliced away).
+        dtype = self.keys[0].dtype
+        self.bias_RS = torch.zeros(source_B.shape[0], capacity, dtype=dtype, device=source_B.device)
+        self.bias_RS[:, :P].masked_fill_(~prompts.real_UP[source_B], float("-inf"))
+        self.position_R = prompts.length_U[source_B]
+        self.column = P
+
+    def step(self, token_R: torch.Tensor) -> torch.Tensor:
+        if self.column >= self.bias_RS.shape[1]:
+            raise RuntimeError("the static KV cache is full: more steps than max_new_tokens")
+        logits_RV = self.step_fn(self.model, token_R, self.position_R, self.keys, self.values, self.bias_RS,
+                                 self.column)
+        self.column += 1
+        self.position_R = self.position_R + 1
+        return logits_RV
+
+    def keep(self, slots_K: torch.Tensor) -> None:
+        # Only the written columns are copied: early in a rollout most of the buffer is still empty.
+        written = self.column
+        for cache in (self.keys, self.values):
+            for i, full_RKSD in enumerate(cache):
+                kept_KKSD = full_RKSD.new_empty(slots_K.shape[0], *full_RKSD.shape[1:])
+                kept_KKSD[:, :, :written] = full_RKSD[slots_K, :, :written]
+                cache[i] = kept_KKSD
+        self.bias_RS = self.bias_RS[slots_K]
+        self.position_R = self.position_R[slots_K]
+
+
+def static_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R: torch.Tensor,
+                       keys: list[torch.Tensor], values: list[torch.Tensor], bias_RS: torch.Tensor,
+                       column: int) -> torch.Tensor:
+    """Feed one token per row at cache column `column` (its rotary position is `position_R`); return logits_RV."""
+    body = model.get_decoder()
+    hidden_R1H = body.embed_tokens(token_R[:, None])
+    cos_R1D, sin_R1D = body.rotary_emb(hidden_R1H, position_R[:, None])
+    bias_R11S = bias_RS[:, None, None, :column + 1]
+    for layer, keys_RKSD, values_RKSD in zip(body.layers, keys, values):
+        attended_R1H = _attend(layer.self_attn, layer.input_layernorm(hidden_R1H), cos_R1D, sin_R1D,
+                               keys_RKSD, values_RKSD, bias_R11S, column)
+        hidden_R1H = hidden_R1H + attended_R1H
+        mlp_out = layer.mlp(layer.post_attention_layernorm(hidden_R1H))
+        hidden_R1H = hidden_R1H + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
+    return model.get_output_embeddings()(body.norm(hidden_R1H))[:, 0]
+
+
+def _attend(attn, x_R1H, cos_R1D, sin_R1D, keys_RKSD, values_RKSD, bias_R11S, column: int) -> torch.Tensor:
+    R, D = x_R1H.shape[0], attn.head_dim
+    query_R1QD = attn.q_proj(x_R1H).view(R, 1, -1, D)
+    key_R1KD = attn.k_proj(x_R1H).view(R, 1, -1, D)
+    value_RK1D = attn.v_proj(x_R1H).view(R, 1, -1, D).transpose(1, 2)
+    if getattr(attn, "q_norm", None) is not None:
+        query_R1QD = attn.q_norm(query_R1QD)
+    if getattr(attn, "k_norm", None) is not None:
+        key_R1KD = attn.k_norm(key_R1KD)
+    cos_R11D, sin_R11D = cos_R1D[:, None], sin_R1D[:, None]
+    query_RQ1D = _rotate(query_R1QD.transpose(1, 2), cos_R11D, sin_R11D)
+    key_RK1D = _rotate(key_R1KD.transpose(1, 2), cos_R11D, sin_R11D)
+    keys_RKSD[:, :, column] = key_RK1D[:, :, 0]
+    values_RKSD[:, :, column] = value_RK1D[:, :, 0]
+    kv_heads = keys_RKSD.shape[1]
+    # Grouped-query attention without repeating K/V: the query heads sharing a KV head become its G "queries".
+    query_RKGD = query_RQ1D.reshape(R, kv_heads, -1, D)
+    out_RKGD = F.scaled_dot_product_attention(query_RKGD, keys_RKSD[:, :, :column + 1],
+                                              values_RKSD[:, :, :column + 1], attn_mask=bias_R11S,
+                                              scale=attn.scaling)
+    return attn.o_proj(out_RKGD.reshape(R, 1, -1))
+
+
+def _rotate(x_RH1D: torch.Tensor, cos_R11D: torch.Tensor, sin_R11D: torch.Tensor) -> torch.Tensor:
+    """Standard (non-interleaved) rotary embedding: x·cos + rotate_half(x)·sin."""
+    first, second = x_RH1D.chunk(2, dim=-1)
+    return x_RH1D * cos_R11D + torch.cat((-second, first), dim=-1) * sin_R11D
+
+
+def supports_static_kv(model: torch.nn.Module) -> bool:
+    """True when the model has the supported structure and a few static decode steps match its forward."""
+    if not _has_supported_structure(model):
+        return False
+    try:
+        return _matches_forward(model)
+    except (AttributeError, TypeError, ValueError, RuntimeError, IndexError):
+        return False
+
+
+def _has_supported_structure(model: torch.nn.Module) -> bool:
+    if not (hasattr(model, "get_decoder") and isinstance(model.get_output_embeddings(), torch.nn.Linear)):
+        return False
+    body = model.get_decoder()
+    if not all(hasattr(body, part) for part in _BODY_PARTS):
+        return False
+    config = getattr(model, "config", None)
+    if any(getattr(config, name, None) is not None for name in _UNSUPPORTED_CONFIG):
+        return False
+    for layer in body.layers:
+        if not all(hasattr(layer, part) for part in _LAYER_PARTS):
+            return False
+        attn = layer.self_attn
+        if not all(hasattr(attn, part) for part in _ATTENTION_PARTS) or getattr(attn, "sliding_window", None):
+            return False
+    return True
+
+
+@torch.inference_mode()
+def _matches_forward(model: torch.nn.Module) -> bool:
+    """Three static decode steps on two prompts of different lengths against the model's full forward."""
+    vocab = model.get_output_embeddings().out_features
+    device = model.get_output_embeddings().weight.device
+    prompts = [[3, 4, 5, 6], [7, 8]]
+    continuations = [[9, 10, 11], [12, 13, 14]]
+    prepared = distinct_prompts([[t % vocab for t in p] for p in prompts], pad_id=0, device=device)
+    first_UV, cache = prefill(model, prepared)
+    decoder = StaticKVDecoder(model, cache, prepared, max_new_tokens=len(continuations[0]) + 1)
+    got = [first_UV.float()]
+    for t in range(len(continuations[0])):
+        got.append(decoder.step(torch.tensor([c[t] % vocab for c in continuations], device=device)).float())
+    got_RNV = torch.stack(got, dim=1)
+    for row, (p, c) in enumerate(zip(prompts, continuations)):
+        ids_1L = torch.tensor([[t % vocab for t in p + c]], device=device)
+        expected_NV = model(input_ids=ids_1L, use_cache=False).logits[0, len(p) - 1:].float()
+        scale = float(expected_NV.abs().max()) + 1.0
+        tolerance = 1e-3 if got_RNV.dtype in (torch.float32, torch.float64) and _is_full_precision(model) else 5e-2
+        if float((got_RNV[row] - expected_NV).abs().max()) > tolerance * scale:
+            return False
+    return True
+
+
+def _is_full_precision(model: torch.nn.Module) -> bool:
+    return next(model.parameters()).dtype in (torch.float32, torch.float64)
