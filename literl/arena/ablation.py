@@ -92,5 +92,6 @@ def summarize_ablation(out_dir: str | Path, *, report: bool = True, report_path:
     summary["spec"] = info
     write_json(out_dir / SUMMARY_FILE, summary)
     if report:
-        build_report(report_path or out_dir / REPORT_FILE, records, summary, title=f"Ablation: {info['name']}", spec_info=info)
+        build_report(report_path or out_dir / REPORT_FILE, records, summary, title=f"Ablation: {info['name']}",
+                     spec_info=info)
     return summary

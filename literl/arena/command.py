@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from literl.arena.summary import print_summary
     from literl.registry import ConfigError
     from rich.console import Console
+    from rich.markup import escape
 
     if args.list:
         return _list_specs()
@@ -62,22 +63,23 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"literl ablate: {err}", file=sys.stderr)
         return 2
-    console.print(f"[arena] {spec.name}: {len(spec.variants)} variants × {len(spec.scenarios)} scenarios × "
-                  f"{len(spec.seeds)} seeds = {len(runs)} runs into {out_dir}, {args.jobs} at a time with "
+    console.print(f"\\[arena] {spec.name}: {len(spec.variants)} variants × {len(spec.scenarios)} scenarios × "
+                  f"{len(spec.seeds)} seeds = {len(runs)} runs into {escape(str(out_dir))}, {args.jobs} at a time with "
                   f"{threads_per_run(args.jobs, args.threads)} threads each", highlight=False)
     outcome = run_ablation(runs, {r.directory: steps[(r.variant, r.scenario)] for r in runs}, jobs=args.jobs,
                            threads=args.threads, console=console)
     summary = ablation.summarize_ablation(out_dir, report=not args.no_report)
     print_summary(summary, Console())
-    console.print(f"[arena] summary: {out_dir / ablation.SUMMARY_FILE}"
-                  + ("" if args.no_report else f"; report: {out_dir / ablation.REPORT_FILE}"), highlight=False)
+    console.print(f"\\[arena] summary: {escape(str(out_dir / ablation.SUMMARY_FILE))}"
+                  + ("" if args.no_report else f"; report: {escape(str(out_dir / ablation.REPORT_FILE))}"),
+                  highlight=False)
     if outcome.failed:
-        console.print(f"[arena] [red]{len(outcome.failed)} runs failed[/]: "
+        console.print(f"\\[arena] [red]{len(outcome.failed)} runs failed[/]: "
                       + ", ".join(f"{r.variant}/{r.scenario}/seed_{r.seed} (exit {code})" for r, code in outcome.failed)
                       + ". Fix the cause (see each train.log) and rerun the same command to retry them.",
                       highlight=False)
     if outcome.interrupted:
-        console.print("[arena] interrupted; rerun the same command to finish the missing runs.", highlight=False)
+        console.print("\\[arena] interrupted; rerun the same command to finish the missing runs.", highlight=False)
     return outcome.exit_code
 
 

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")   # no display: figures are only ever rendered to PNG bytes
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from literl.arena.runs import RunRecord  # noqa: E402
+from literl.arena.runs import RunRecord
 
 TRAIN_SMOOTHING = 0.6
 DPI = 80
@@ -69,8 +68,9 @@ def curves_figure(records: Sequence[RunRecord], panels: Sequence[Panel], variant
     panels = [p for p in panels if any(_curve(r, p)[0] for r in records)][: max(1, MAX_PANELS // len(scenarios))]
     if not panels:
         return None
-    fig, axes = plt.subplots(len(panels), len(scenarios), squeeze=False,
-                             figsize=(PANEL_SIZE[0] * len(scenarios), PANEL_SIZE[1] * len(panels)))
+    # A bare Figure renders with Agg and never touches pyplot, so the caller's backend stays as it was.
+    fig = Figure(figsize=(PANEL_SIZE[0] * len(scenarios), PANEL_SIZE[1] * len(panels)))
+    axes = fig.subplots(len(panels), len(scenarios), squeeze=False)
     for row, panel in enumerate(panels):
         for col, scenario in enumerate(scenarios):
             ax = axes[row][col]
@@ -98,7 +98,7 @@ def _draw_band(ax, curves, label: str, color: str) -> None:
 
 
 def _legend(fig, variants: Sequence[str], colors: dict[str, str]) -> None:
-    handles = [plt.Line2D([], [], color=colors[v], linewidth=2) for v in variants]
+    handles = [Line2D([], [], color=colors[v], linewidth=2) for v in variants]
     fig.legend(handles, list(variants), loc="upper center", ncol=min(len(variants), 6), fontsize=8,
                frameon=False, bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout(rect=(0, 0, 1, 0.97 if len(fig.axes) > 2 else 0.92))
@@ -107,13 +107,12 @@ def _legend(fig, variants: Sequence[str], colors: dict[str, str]) -> None:
 def _to_data_uri(fig) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI)
-    plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def variant_colors(variants: Sequence[str]) -> dict[str, str]:
     """A fixed colour per variant (tab10 order), the same in every figure of a report."""
-    palette = plt.get_cmap("tab10").colors
+    palette = matplotlib.colormaps["tab10"].colors
     return {v: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, v in enumerate(variants)}
 
 

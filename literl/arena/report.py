@@ -84,7 +84,8 @@ def _setup_section(spec_info: dict | None, records: Sequence[RunRecord]) -> str:
         parts.append(f"<div class='finding'><b>What the paper found.</b> {_e(spec_info['paper_finding'])}</div>")
     overrides = lambda items: " ".join(f"<code>{_e(o)}</code>" for o in items) or "–"  # noqa: E731
     rows = [["preset", f"<code>{_e(spec_info['preset'])}</code>"], ["every run", overrides(spec_info["base"])],
-            ["seeds", _e(", ".join(map(str, spec_info["seeds"])))], ["score", f"<code>{_e(spec_info['metric'])}</code>"]]
+            ["seeds", _e(", ".join(map(str, spec_info["seeds"])))],
+            ["score", f"<code>{_e(spec_info['metric'])}</code>"]]
     parts.append(_table(["", ""], rows))
     arms = [[_e(name) + (" (baseline)" if name == spec_info["baseline"] else ""), "variant",
              overrides(([f"--preset {arm['preset']}"] if arm.get("preset") else []) + arm["overrides"])]
@@ -112,19 +113,19 @@ def _cell_html(entry: dict) -> str:
 
 
 def _statistics_section(summary: dict) -> str:
-    metric = _e(summary["metric"])
+    metric, scores, intervals = _e(summary["metric"]), summary["scores"], summary["intervals"]
     parts = ["<h2>Statistics</h2>",
-             f"<p class='note'>Scores of each run's <code>{metric}</code> curve: <b>final</b> = {_e(summary['scores']['final'])}; "
-             f"<b>best</b> = {_e(summary['scores']['best'])}; <b>AUC</b> = {_e(summary['scores']['auc'])}. "
-             f"Cells: {_e(summary['intervals']['cells'])} (95%). Comparisons: {_e(summary['intervals']['comparisons'])}. "
-             f"Verdict: {_e(summary['intervals']['verdict'])}.</p>"]
+             f"<p class='note'>Scores of each run's <code>{metric}</code> curve: <b>final</b> = "
+             f"{_e(scores['final'])}; <b>best</b> = {_e(scores['best'])}; <b>AUC</b> = {_e(scores['auc'])}. "
+             f"Cells: {_e(intervals['cells'])} (95%). Comparisons: {_e(intervals['comparisons'])}. "
+             f"Verdict: {_e(intervals['verdict'])}.</p>"]
     rows = [[_e(c["variant"]), _e(c["scenario"]), str(c["n"]), *(_cell_html(c[s]) for s in SCORES)]
             for c in summary["cells"]]
     parts.append(_table(["variant", "scenario", "seeds", "final", "best", "AUC"], rows))
     if summary["comparisons"]:
         parts.append(f"<h3>Paired difference against the baseline <code>{_e(summary['baseline'])}</code></h3>")
-        rows = [[_e(c["variant"]), _e(c["scenario"]), str(c["final"]["n_pairs"]), *(_verdict_html(c[s]) for s in SCORES)]
-                for c in summary["comparisons"]]
+        rows = [[_e(c["variant"]), _e(c["scenario"]), str(c["final"]["n_pairs"]),
+                 *(_verdict_html(c[s]) for s in SCORES)] for c in summary["comparisons"]]
         parts.append(_table(["variant", "scenario", "pairs", "Δ final", "Δ best", "Δ AUC"], rows))
         parts.append("<p class='note'>Scenario <code>all</code> pools the pairs of every scenario.</p>")
     missing = summary["runs"]["missing"]
@@ -165,7 +166,8 @@ def _clipped_tokens_html(records, variants, scenarios) -> str:
                 for r in group:
                     for item in r.diagnostics.get("clipped_tokens", {}).get(side, []):
                         counts[str(item.get("token"))] += int(item.get("count", 0))
-                rows = [[f"<span class='tok'>{_e(_show_token(tok))}</span>", str(n)] for tok, n in counts.most_common(20)]
+                rows = [[f"<span class='tok'>{_e(_show_token(tok))}</span>", str(n)]
+                        for tok, n in counts.most_common(20)]
                 sides.append(f"<div><b>{side} side</b>" + (_table(["token", "count"], rows, left=1) if rows
                                                           else "<p class='note'>none clipped</p>") + "</div>")
             blocks.append(f"<div><h4>{_e(variant)} · {_e(scenario)} ({len(group)} runs)</h4>"
@@ -209,7 +211,10 @@ def _repetition_table(records, variants, scenarios) -> str:
 def _diagnostics_section(records, variants, scenarios, colors) -> str:
     tiers = [Panel(k, f"reward std within groups, tier {k.rsplit('/', 1)[-1]}")
              for k in plots.keys_with_prefix(records, "groups/reward_std/")]
-    figure = lambda panels, what: _figure(plots.curves_figure(records, panels, variants, scenarios, colors), what)  # noqa: E731
+
+    def figure(panels, what):
+        return _figure(plots.curves_figure(records, panels, variants, scenarios, colors), what)
+
     return "".join([
         "<h2>Mechanism diagnostics</h2>",
         "<h3>Clipped tokens</h3><p class='note'>The token strings that most often hit a binding clip bound "

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.markup import escape
+
 from literl.arena.runs import METRICS_FILE, is_finished
 from literl.arena.spec import PlannedRun
 from literl.arena.summary import LOG_NAME
@@ -145,7 +147,7 @@ class AblationRunner:
         pending = [r for r in self.runs if not is_finished(r.directory)]
         self.outcome.skipped = [r for r in self.runs if is_finished(r.directory)]
         if self.outcome.skipped:
-            self.console.print(f"[arena] {len(self.outcome.skipped)} of {len(self.runs)} runs already finished: "
+            self.console.print(f"\\[arena] {len(self.outcome.skipped)} of {len(self.runs)} runs already finished: "
                                "skipped", highlight=False)
         previous = self._install_signal_handlers()
         try:
@@ -200,7 +202,7 @@ class AblationRunner:
                                         detail="steps")
         self.active.append(active)
         resumed = f" (resuming at step {start_step})" if start_step else ""
-        self.console.print(f"[arena] started {self._name(run)}{resumed}", highlight=False)
+        self.console.print(f"\\[arena] started {self._name(run)}{resumed}", highlight=False)
 
     def _poll(self, progress) -> None:
         overall = self._steps_done_before() + sum(self.total_steps.get(r.directory, 1)
@@ -224,15 +226,15 @@ class AblationRunner:
         name, seconds = self._name(active.run), time.perf_counter() - active.started
         if code == 0 and is_finished(active.run.directory):
             self.outcome.finished.append(active.run)
-            self.console.print(f"[arena] [green]finished[/] {name} in {seconds:.0f} s", highlight=False)
+            self.console.print(f"\\[arena] [green]finished[/] {name} in {seconds:.0f} s", highlight=False)
         elif self._stop_signals:
-            self.console.print(f"[arena] stopped {name} (exit {code}); it resumes from its checkpoint when the "
+            self.console.print(f"\\[arena] stopped {name} (exit {code}); it resumes from its checkpoint when the "
                                "ablation is run again", highlight=False)
         else:
             self.outcome.failed.append((active.run, code))
             log = active.run.directory / LOG_NAME
-            self.console.print(f"[arena] [bold red]FAILED[/] {name} (exit code {code}) after {seconds:.0f} s; "
-                               f"full log: {log}", highlight=False)
+            self.console.print(f"\\[arena] [bold red]FAILED[/] {name} (exit code {code}) after {seconds:.0f} s; "
+                               f"full log: {escape(str(log))}", highlight=False)
             for line in _tail(log, 8):
                 self.console.print(f"    {line}", highlight=False, markup=False)
 
@@ -250,7 +252,7 @@ class AblationRunner:
     def _request_stop(self, signum, frame) -> None:
         self._stop_signals += 1
         if self._stop_signals == 1:
-            self.console.print("\n[arena] stopping: no new runs; each running run saves a checkpoint and exits "
+            self.console.print("\n\\[arena] stopping: no new runs; each running run saves a checkpoint and exits "
                                "(Ctrl-C again to kill them now). Rerun the same command to continue.",
                                highlight=False)
         for active in self.active:

@@ -18,7 +18,8 @@ T2 = 4.302653    # t_{2, 0.975}
 # final accuracy of each variant at seed 0, 1, 2 in scenario s1 (s2 adds 0.1 to all)
 FINAL = {"base": [0.50, 0.51, 0.52], "better": [0.59, 0.61, 0.63], "worse": [0.40, 0.41, 0.42],
          "same": [0.48, 0.51, 0.54]}
-SPEC = {"name": "handmade", "paper_finding": "Better helps, worse hurts.", "description": "A hand-made ablation.", "preset": "lite_ppo", "baseline": "base", "seeds": 3,
+SPEC = {"name": "handmade", "paper_finding": "Better helps, worse hurts.", "description": "A hand-made ablation.",
+        "preset": "lite_ppo", "baseline": "base", "seeds": 3,
         "variants": {v: {} for v in FINAL}, "scenarios": {"s1": {}, "s2": {"data.difficulty": "hard"}}}
 
 
