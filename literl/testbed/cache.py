@@ -1,0 +1,150 @@
+"""The per-user testbed cache: `ensure_testbed` builds a variant on first use and reuses it afterwards.
+
+Layout (root = `cache_dir` argument, else $LITERL_CACHE_DIR, else $XDG_CACHE_HOME/literl, else
+~/.cache/literl):
+
+    <root>/testbeds/<variant>-<recipe hash>/     config.json, model.safetensors, tokenizer files,
+                                                 generation_config.json, manifest.json
+    <root>/testbeds/<variant>-<recipe hash>.lock  held while that folder is being built
+
+A folder appears only complete: it is built in a temporary sibling folder, which is renamed into place
+(an atomic rename on one file system) after the manifest is written. Concurrent callers (e.g. parallel
+training processes of an ablation) serialise on the lock file: one builds, the others wait and then
+load its result. A finished folder needs no write access, so a read-only shared cache works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+from literl.testbed.build import MANIFEST_NAME, build_testbed
+from literl.testbed.progress import BuildProgress
+from literl.testbed.recipes import TestbedRecipe, recipe_for
+
+LOCK_POLL_SECONDS = 0.2   # only used where fcntl is missing (Windows)
+
+
+class TestbedCacheError(OSError):
+    """The testbed cache folder cannot be created or written."""
+
+    __test__ = False   # not a pytest test class despite the name
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The folder that holds `testbeds/` (not created here)."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    if os.environ.get("LITERL_CACHE_DIR"):
+        return Path(os.environ["LITERL_CACHE_DIR"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "literl"
+    return Path.home() / ".cache" / "literl"
+
+
+def is_built(folder: Path) -> bool:
+    """A folder counts as built once its manifest exists (it is written last, before the rename)."""
+    return (folder / MANIFEST_NAME).is_file()
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: Path, *, on_wait=None) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `lock_path` (created if missing); call `on_wait()` if blocked.
+
+    The OS releases the lock when the process dies, so a crashed build never leaves a stale lock.
+    """
+    with open(lock_path, "a+b") as handle:
+        if sys.platform == "win32":
+            import msvcrt
+            while True:
+                try:
+                    msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+                    break
+                except OSError:
+                    if on_wait is not None:
+                        on_wait()
+                        on_wait = None
+                    time.sleep(LOCK_POLL_SECONDS)
+            try:
+                yield
+            finally:
+                handle.seek(0)
+                msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
+            return
+        import fcntl
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _writable_testbeds_folder(root: Path) -> Path:
+    folder = root / "testbeds"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-")
+        probe.close()
+    except OSError as err:
+        raise TestbedCacheError(
+            f"cannot write the literl testbed cache at {folder} ({err.strerror or err}). Set LITERL_CACHE_DIR "
+            "(or pass cache_dir=) to a writable folder.") from err
+    return folder
+
+
+def _build_into_place(recipe: TestbedRecipe, target: Path, *, progress: bool,
+                      base_dir: Path | None) -> None:
+    # Leftovers of a build that crashed; safe to delete because we hold this name's lock.
+    for stale in target.parent.glob(f".{target.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if target.exists():   # a folder without a manifest was not made by us: replace it
+        shutil.rmtree(target)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        with BuildProgress(target.name, enabled=progress) as reporter:
+            build_testbed(recipe, staging, progress=reporter, base_dir=base_dir)
+        staging.chmod(0o755)   # mkdtemp makes it private; a shared cache must be readable by others
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def ensure_testbed(variant: str | TestbedRecipe = "base", *, cache_dir: str | os.PathLike | None = None,
+                   progress: bool = True) -> Path:
+    """The Hugging Face folder of a testbed variant, built (with a progress bar) on first use.
+
+    `variant` is a name ("base", "aligned", "micro") or a `TestbedRecipe` (e.g. a changed seed).
+    Raises `TestbedCacheError` if the cache cannot be written and `TestbedBuildError` if the warm-up
+    cannot reach its accuracy band.
+    """
+    recipe = recipe_for(variant) if isinstance(variant, str) else variant
+    root = cache_root(cache_dir)
+    target = root / "testbeds" / recipe.folder_name()
+    if is_built(target):
+        return target
+    folder = _writable_testbeds_folder(root)
+    base_dir = None
+    if recipe.alignment is not None:
+        base_dir = ensure_testbed(recipe.base_recipe(), cache_dir=root, progress=progress)
+
+    def announce_wait():
+        if progress:
+            print(f"literl: waiting for another process to finish building testbed {target.name}",
+                  file=sys.stderr, flush=True)
+
+    with exclusive_lock(folder / f"{target.name}.lock", on_wait=announce_wait):
+        if not is_built(target):   # another process may have built it while we waited
+            _build_into_place(recipe, target, progress=progress, base_dir=base_dir)
+    return target

@@ -1,0 +1,81 @@
+"""The testbed's tiny language model: a real `transformers` Qwen3 built from a config (nothing downloaded).
+
+Being a stock `Qwen3ForCausalLM` saved with `save_pretrained` next to the character tokenizer, the
+testbed loads with `AutoModelForCausalLM` / `AutoTokenizer` (and vLLM) like any hub checkpoint, so the
+trainer needs no testbed-specific code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+from transformers.utils import logging as hf_logging
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture of the tiny Qwen3 (the defaults are the testbed-notes model, ~0.8 M parameters)."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    ffn_size: int = 384
+    max_positions: int = 512
+    """Longest prompt + response the model is meant for; problems use under 30 tokens and answers under 64."""
+
+
+def qwen3_config(shape: ModelShape, tokenizer: PreTrainedTokenizerBase) -> Qwen3Config:
+    """A Qwen3 config of `shape` whose vocabulary and special ids are the tokenizer's."""
+    if shape.hidden_size % shape.num_heads or shape.num_heads % shape.num_kv_heads:
+        raise ValueError(f"hidden_size must divide into num_heads and num_heads into num_kv_heads: {shape}")
+    return Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.hidden_size // shape.num_heads,
+        intermediate_size=shape.ffn_size,
+        max_position_embeddings=shape.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+
+
+def build_model(shape: ModelShape, tokenizer: PreTrainedTokenizerBase, *, seed: int) -> Qwen3ForCausalLM:
+    """A freshly initialised float32 Qwen3; the same seed gives the same weights."""
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = Qwen3ForCausalLM(qwen3_config(shape, tokenizer))
+    finally:
+        # The caller's global RNG stream is not ours to move.
+        torch.random.set_rng_state(generator_state)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Distinct trainable parameters (tied input/output embeddings count once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_model_dir(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+    """Write weights, config, generation config and tokenizer into `path` (Hugging Face layout)."""
+    # transformers' own "Writing model shards" bar would interleave with the build's progress bar.
+    bars_were_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path, safe_serialization=True)
+    finally:
+        if bars_were_enabled:
+            hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(path)

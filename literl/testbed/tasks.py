@@ -1,0 +1,214 @@
+"""Synthetic arithmetic problems with step-by-step worked solutions: the testbed's task family.
+
+A problem is an expression over small integers with `+`, `-` and `*` (usual precedence). The prompt the
+model sees is the `problem` string verbatim (the "raw" template), which ends with a newline: the
+solution starts right after it. A worked solution writes one step per line, products first (left to
+right), then sums and differences left to right, and ends with the boxed answer:
+
+    problem:   "What is 3+4*5-2?\\n"
+    solution:  "4*5=20\\n3+20=23\\n23-2=21\\n\\\\boxed{21}"
+
+Every operand and every intermediate value lies in 0–99, so each step is a one- or two-digit fact.
+
+Tiers (operations per expression, probability of drawing a two-digit operand):
+    easy 1–2 ops, 30% | medium 2–3 ops, 30% | hard 3–4 ops, 45% | mixed 1–4 ops, 30% (the default)
+Expressions with a value outside 0–99 are redrawn (keeping the op count), which removes many two-digit
+operands: the share that survives is about 20% (easy), 19% (medium), 26% (hard), 18% (mixed).
+
+Splits: a problem belongs to the held-out split when a hash of its expression falls in a fixed 1/8 of
+the hash space, so the train and held-out splits are disjoint for every seed and tier.
+
+Slips: with `slip_rate > 0`, each step's written result is wrong with that probability (off by 1–3 or
+10) and later steps compute from the wrong value, as a person who slips would. The record's `answer` is
+always the true value; only the `solution` text carries slips. Slipped solutions are SFT data for the
+base model, so that it stays imperfect and RL has something to fix.
+
+Records are dicts `{"id", "problem", "answer" (str), "solution", "tier", "num_ops"}`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+MAX_VALUE = 99
+HELDOUT_SEED = 20251121
+HELDOUT_BUCKETS = 8          # one bucket in eight of the expression-hash space is held out
+PROMPT_PREFIX = "What is "
+PROMPT_SUFFIX = "?\n"        # the newline marks where the solution starts
+SLIP_OFFSETS = (-10, -3, -2, -1, 1, 2, 3, 10)
+SPLITS = ("train", "heldout")
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """How hard a tier's expressions are."""
+
+    min_ops: int
+    max_ops: int
+    two_digit_rate: float
+    """Probability that an operand is drawn from 10–99 rather than 1–9."""
+
+
+TIERS: dict[str, TierSpec] = {
+    "easy": TierSpec(min_ops=1, max_ops=2, two_digit_rate=0.30),
+    "medium": TierSpec(min_ops=2, max_ops=3, two_digit_rate=0.30),
+    "hard": TierSpec(min_ops=3, max_ops=4, two_digit_rate=0.45),
+    "mixed": TierSpec(min_ops=1, max_ops=4, two_digit_rate=0.30),
+}
+
+
+def expression_text(numbers: list[int], ops: list[str]) -> str:
+    """Render `numbers[0] ops[0] numbers[1] ...` without spaces, e.g. "3+4*5-2"."""
+    parts = [str(numbers[0])]
+    for op, number in zip(ops, numbers[1:]):
+        parts.append(op + str(number))
+    return "".join(parts)
+
+
+def _apply(left: int, op: str, right: int) -> int:
+    if op == "+":
+        return left + right
+    if op == "-":
+        return left - right
+    if op == "*":
+        return left * right
+    raise ValueError(f"unknown operator {op!r}; expected one of + - *")
+
+
+def solution_steps(numbers: list[int], ops: list[str], *, slip_rate: float = 0.0,
+                   rng: random.Random | None = None) -> tuple[list[tuple[int, str, int, int]], int] | None:
+    """Work the expression step by step; return ([(left, op, right, written_result)], true_answer).
+
+    The order is: leftmost product first until none is left, then left to right. A slipped step
+    writes a wrong result and the wrong value is what later steps use. Returns None when some true
+    intermediate value (or, with slips, some written value) leaves 0–MAX_VALUE.
+    """
+    if slip_rate > 0 and rng is None:
+        raise ValueError("slip_rate > 0 needs an rng so that slips are reproducible")
+    values, pending_ops = list(numbers), list(ops)
+    true_values, true_ops = list(numbers), list(ops)
+    steps = []
+    while pending_ops:
+        i = pending_ops.index("*") if "*" in pending_ops else 0
+        left, op, right = values[i], pending_ops[i], values[i + 1]
+        true_result = _apply(true_values[i], true_ops[i], true_values[i + 1])
+        result = _apply(left, op, right)
+        if not 0 <= true_result <= MAX_VALUE or not 0 <= result <= MAX_VALUE:
+            return None
+        if slip_rate > 0 and rng.random() < slip_rate:
+            slipped = [result + d for d in SLIP_OFFSETS if 0 <= result + d <= MAX_VALUE]
+            result = rng.choice(slipped)
+        steps.append((left, op, right, result))
+        values[i:i + 2] = [result]
+        del pending_ops[i]
+        true_values[i:i + 2] = [true_result]
+        del true_ops[i]
+    return steps, true_values[0]
+
+
+def solution_text(steps: list[tuple[int, str, int, int]]) -> str:
+    """One "a op b=c" line per step, then `\\boxed{}` around the last written value."""
+    lines = [f"{left}{op}{right}={result}" for left, op, right, result in steps]
+    return "\n".join(lines + [f"\\boxed{{{steps[-1][3]}}}"])
+
+
+def split_of(expression: str) -> str:
+    """The split an expression belongs to, fixed by a hash of its text (independent of any seed)."""
+    digest = hashlib.sha256(expression.encode()).digest()
+    return "heldout" if digest[0] % HELDOUT_BUCKETS == 0 else "train"
+
+
+def _draw_expression(rng: random.Random, spec: TierSpec) -> tuple[list[int], list[str]]:
+    num_ops = rng.randint(spec.min_ops, spec.max_ops)
+    # Redraw operators and operands but keep num_ops, so the tier's op-count mix stays uniform.
+    while True:
+        ops = [rng.choice("+-*") for _ in range(num_ops)]
+        numbers = [rng.randint(10, 99) if rng.random() < spec.two_digit_rate else rng.randint(1, 9)
+                   for _ in range(num_ops + 1)]
+        if solution_steps(numbers, ops) is not None:
+            return numbers, ops
+
+
+def problem_stream(*, split: str, tier: str = "mixed", seed: int,
+                   slip_rate: float = 0.0) -> Iterator[dict]:
+    """An endless, seed-determined stream of records from one split and tier (repeats are possible)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if tier not in TIERS:
+        raise ValueError(f"unknown tier {tier!r}; expected one of {sorted(TIERS)}")
+    if not 0.0 <= slip_rate < 1.0:
+        raise ValueError(f"slip_rate must be in [0, 1) (got {slip_rate})")
+    spec = TIERS[tier]
+    rng = random.Random(f"literl-testbed:{split}:{tier}:{seed}")
+    slip_rng = random.Random(f"literl-testbed-slips:{split}:{tier}:{seed}")
+    index = 0
+    while True:
+        numbers, ops = _draw_expression(rng, spec)
+        expression = expression_text(numbers, ops)
+        if split_of(expression) != split:
+            continue
+        worked = None
+        while worked is None:   # a slip can push a later value out of range: draw the slips again
+            worked = solution_steps(numbers, ops, slip_rate=slip_rate, rng=slip_rng)
+        steps, answer = worked
+        yield {
+            "id": f"{split}-{tier}-{seed}-{index}",
+            "problem": f"{PROMPT_PREFIX}{expression}{PROMPT_SUFFIX}",
+            "answer": str(answer),
+            "solution": solution_text(steps),
+            "tier": tier,
+            "num_ops": len(ops),
+        }
+        index += 1
+
+
+def make_problems(n: int, *, split: str, tier: str = "mixed", seed: int, slip_rate: float = 0.0,
+                  unique: bool = False) -> list[dict]:
+    """The first `n` records of `problem_stream`; with `unique`, repeated problems are skipped."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0 (got {n})")
+    records, seen = [], set()
+    max_draws = 200 * n + 1000   # only reached when the tier has fewer than n distinct problems
+    for draws, record in enumerate(problem_stream(split=split, tier=tier, seed=seed, slip_rate=slip_rate)):
+        if len(records) == n:
+            break
+        if draws >= max_draws:
+            raise ValueError(f"could not find {n} distinct {tier!r} problems in the {split} split")
+        if unique and record["problem"] in seen:
+            continue
+        seen.add(record["problem"])
+        records.append(record)
+    return records
+
+
+def train_problems(n: int, *, tier: str = "mixed", seed: int = 0, slip_rate: float = 0.0) -> list[dict]:
+    """Training records (repeats allowed, as in an endless stream)."""
+    return make_problems(n, split="train", tier=tier, seed=seed, slip_rate=slip_rate)
+
+
+def heldout_problems(n: int = 200, tier: str = "mixed", seed: int = HELDOUT_SEED) -> list[dict]:
+    """Distinct held-out records with clean solutions; the default seed gives everyone the same set."""
+    return make_problems(n, split="heldout", tier=tier, seed=seed, unique=True)
+
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def extract_boxed_integer(response: str) -> int | None:
+    """The integer inside the last `\\boxed{...}`, or None if there is none or it is not an integer."""
+    boxed = _BOXED.findall(response)
+    if not boxed:
+        return None
+    content = boxed[-1].strip()
+    return int(content) if _INTEGER.fullmatch(content) else None
+
+
+def is_correct(response: str, answer: str | int) -> bool:
+    """Exact integer match of the last `\\boxed{}` in `response` with `answer`."""
+    predicted = extract_boxed_integer(response)
+    return predicted is not None and predicted == int(answer)
