@@ -113,3 +113,14 @@ for _name, _path, _description in [
     ("deepmath", "deepmath_103k_subset/train.jsonl", "DeepMath-103K, ROLL's 4994-row subset"),
 ]:
     _file_benchmark(_name, _path, _description)
+
+
+def _testbed_heldout(data_dir: Path | None) -> list[dict[str, Any]]:
+    # Generated, not read: the embedded testbed's held-out split needs no data directory.
+    from literl.testbed.tasks import heldout_problems
+
+    return heldout_problems(200)
+
+
+register_benchmark("testbed", _testbed_heldout,
+                   description="the embedded testbed's held-out arithmetic split, 200 problems (raw template)")

@@ -6,7 +6,9 @@
            message: the plain text above. The template writes any BOS/role tokens itself, so the text is
            encoded without adding special tokens again.
     raw    the problem text verbatim (base models prompted with their own format; the char-level testbed)
-    auto   chat if the tokenizer has a chat template, else plain
+    auto   the template the tokenizer declares (`tokenizer.init_kwargs["literl_prompt_template"]`, saved in
+           tokenizer_config.json; the testbed declares raw), else chat if the tokenizer has a chat template,
+           else plain
 
 The instruction is the one the LitePPO paper (arXiv:2508.08221 §3.1) and SimpleRL-Zoo use.
 """
@@ -17,6 +19,7 @@ from typing import Any
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TEMPLATES = ("auto", "chat", "plain", "raw")
+DECLARED_TEMPLATE_KEY = "literl_prompt_template"   # a model's own prompt format, kept with its tokenizer
 
 
 def resolve_template(template: str, tokenizer: Any) -> str:
@@ -25,6 +28,9 @@ def resolve_template(template: str, tokenizer: Any) -> str:
         raise ValueError(f"unknown prompt template {template!r}; valid templates: {', '.join(TEMPLATES)}")
     has_chat = bool(getattr(tokenizer, "chat_template", None))
     if template == "auto":
+        declared = (getattr(tokenizer, "init_kwargs", None) or {}).get(DECLARED_TEMPLATE_KEY)
+        if declared in TEMPLATES and declared != "auto":
+            return declared
         return "chat" if has_chat else "plain"
     if template == "chat" and not has_chat:
         raise ValueError("template 'chat' needs a tokenizer with a chat_template, and this one has none; "

@@ -27,4 +27,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         tokenizer_object=core, pad_token=PAD, eos_token=EOS, bos_token=BOS, unk_token=UNK,
         clean_up_tokenization_spaces=False, padding_side="left",
     )
+    # Saved in tokenizer_config.json: `auto` prompting (literl eval, training) then uses the raw problem text,
+    # the only format the testbed model was warmed up on.
+    tok.init_kwargs["literl_prompt_template"] = "raw"
     return tok

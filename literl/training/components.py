@@ -69,6 +69,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
                      reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
     cfg = resolve(cfg)
     console = console or Console(cfg.trainer.progress)
+    _quiet_hugging_face()
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)
@@ -118,6 +119,14 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
                          reference=reference, engine=engine, objective=objective, collector=collector,
                          optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
                          diagnostics=diagnostics)
+
+
+def _quiet_hugging_face() -> None:
+    """transformers draws a bar for every save/load of a few-MB model; literl shows its own progress."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 def _device(choice: str) -> torch.device:

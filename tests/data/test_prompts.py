@@ -21,11 +21,23 @@ def test_plain_and_raw(char_tokenizer):
 
 
 def test_auto_is_plain_without_a_chat_template(char_tokenizer):
+    char_tokenizer.init_kwargs.pop("literl_prompt_template")
     assert resolve_template("auto", char_tokenizer) == "plain"
     assert render_prompt(PROBLEM, char_tokenizer, "auto") == render_prompt(PROBLEM, char_tokenizer, "plain")
 
 
+def test_auto_follows_the_template_a_tokenizer_declares(char_tokenizer, tmp_path):
+    """The testbed tokenizer declares raw (its model never saw an instruction), and keeps it through a save."""
+    from transformers import AutoTokenizer
+
+    char_tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert resolve_template("auto", reloaded) == "raw"
+    assert render_prompt(PROBLEM, reloaded, "auto") == render_prompt(PROBLEM, reloaded, "raw")
+
+
 def test_chat_uses_the_tokenizers_template(char_tokenizer):
+    char_tokenizer.init_kwargs.pop("literl_prompt_template")
     char_tokenizer.chat_template = CHAT_TEMPLATE
     text = render_prompt_text(PROBLEM, char_tokenizer, "chat")
     assert text == f"<|user|>{PROBLEM}\n{INSTRUCTION}\n<|assistant|>"
