@@ -63,9 +63,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"literl ablate: {err}", file=sys.stderr)
         return 2
-    console.print(f"\\[arena] {spec.name}: {len(spec.variants)} variants × {len(spec.scenarios)} scenarios × "
-                  f"{len(spec.seeds)} seeds = {len(runs)} runs into {escape(str(out_dir))}, {args.jobs} at a time with "
-                  f"{threads_per_run(args.jobs, args.threads)} threads each", highlight=False)
+    console.print(f"\\[arena] {spec.name}: {_count(spec.variants, 'variant')} × {_count(spec.scenarios, 'scenario')}"
+                  f" × {_count(spec.seeds, 'seed')} = {_count(runs, 'run')} into {escape(str(out_dir))}, {args.jobs} "
+                  f"at a time with {_count(threads_per_run(args.jobs, args.threads), 'thread')} each", highlight=False)
     outcome = run_ablation(runs, {r.directory: steps[(r.variant, r.scenario)] for r in runs}, jobs=args.jobs,
                            threads=args.threads, console=console)
     summary = ablation.summarize_ablation(out_dir, report=not args.no_report)
@@ -81,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
     if outcome.interrupted:
         console.print("\\[arena] interrupted; rerun the same command to finish the missing runs.", highlight=False)
     return outcome.exit_code
+
+
+def _count(items, noun: str) -> str:
+    n = items if isinstance(items, int) else len(items)
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _list_specs() -> int:

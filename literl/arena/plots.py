@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -23,6 +24,7 @@ from literl.arena.runs import RunRecord
 TRAIN_SMOOTHING = 0.6
 DPI = 80
 PANEL_SIZE = (4.2, 2.6)   # inches per (scenario, metric) panel
+SINGLE_SCENARIO_COLUMNS = 3
 MAX_PANELS = 60           # a report of plain runs with many tiers must not make an unreadable giant
 
 
@@ -64,24 +66,30 @@ def _curve(record: RunRecord, panel: Panel):
 
 def curves_figure(records: Sequence[RunRecord], panels: Sequence[Panel], variants: Sequence[str],
                   scenarios: Sequence[str], colors: dict[str, str]) -> str | None:
-    """A data URI of the figure, or None when none of the panels has data in any run."""
+    """A data URI of the figure, or None when none of the panels has data in any run.
+
+    With several scenarios a row is a metric and a column a scenario; with one, the panels wrap into
+    SINGLE_SCENARIO_COLUMNS columns so that the page is not one long strip.
+    """
     panels = [p for p in panels if any(_curve(r, p)[0] for r in records)][: max(1, MAX_PANELS // len(scenarios))]
     if not panels:
         return None
+    cells = [(panel, scenario) for panel in panels for scenario in scenarios]
+    columns = len(scenarios) if len(scenarios) > 1 else min(SINGLE_SCENARIO_COLUMNS, len(panels))
+    rows = math.ceil(len(cells) / columns)
     # A bare Figure renders with Agg and never touches pyplot, so the caller's backend stays as it was.
-    fig = Figure(figsize=(PANEL_SIZE[0] * len(scenarios), PANEL_SIZE[1] * len(panels)))
-    axes = fig.subplots(len(panels), len(scenarios), squeeze=False)
-    for row, panel in enumerate(panels):
-        for col, scenario in enumerate(scenarios):
-            ax = axes[row][col]
-            for variant in variants:
-                group = [r for r in records if r.variant == variant and r.scenario == scenario]
-                _draw_band(ax, [_curve(r, panel) for r in group], variant, colors[variant])
-            ax.set_title(panel.title if len(scenarios) == 1 else f"{panel.title} · {scenario}", fontsize=9)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-            if row == len(panels) - 1:
-                ax.set_xlabel("step", fontsize=8)
+    fig = Figure(figsize=(PANEL_SIZE[0] * columns, PANEL_SIZE[1] * rows + 0.4))
+    axes = fig.subplots(rows, columns, squeeze=False).flatten()
+    for ax, (panel, scenario) in zip(axes, cells):
+        for variant in variants:
+            group = [r for r in records if r.variant == variant and r.scenario == scenario]
+            _draw_band(ax, [_curve(r, panel) for r in group], variant, colors[variant])
+        ax.set_title(panel.title if len(scenarios) == 1 else f"{panel.title} · {scenario}", fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("step", fontsize=8)
+    for ax in axes[len(cells):]:
+        ax.set_visible(False)
     _legend(fig, variants, colors)
     return _to_data_uri(fig)
 
@@ -101,7 +109,8 @@ def _legend(fig, variants: Sequence[str], colors: dict[str, str]) -> None:
     handles = [Line2D([], [], color=colors[v], linewidth=2) for v in variants]
     fig.legend(handles, list(variants), loc="upper center", ncol=min(len(variants), 6), fontsize=8,
                frameon=False, bbox_to_anchor=(0.5, 1.0))
-    fig.tight_layout(rect=(0, 0, 1, 0.97 if len(fig.axes) > 2 else 0.92))
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / height))   # keep ~0.35 inch on top for the legend
 
 
 def _to_data_uri(fig) -> str:

@@ -60,12 +60,14 @@ def _e(value) -> str:
     return html.escape(str(value))
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 2) -> str:
-    """An HTML table; the first `left` columns are left-aligned text, cells are already-escaped HTML."""
-    head = "".join(f"<th class='l'>{h}</th>" if i < left else f"<th>{h}</th>" for i, h in enumerate(header))
+def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], left: int = 2) -> str:
+    """An HTML table (no header row when `header` is None); the first `left` columns are left-aligned text;
+    cells are already-escaped HTML."""
+    head = "".join(f"<th class='l'>{h}</th>" if i < left else f"<th>{h}</th>" for i, h in enumerate(header or []))
+    head = f"<tr>{head}</tr>" if header else ""
     body = "".join("<tr>" + "".join(f"<td class='l'>{c}</td>" if i < left else f"<td>{c}</td>"
                                     for i, c in enumerate(row)) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<table>{head}{body}</table>"
 
 
 def _figure(uri: str | None, what: str) -> str:
@@ -86,7 +88,7 @@ def _setup_section(spec_info: dict | None, records: Sequence[RunRecord]) -> str:
     rows = [["preset", f"<code>{_e(spec_info['preset'])}</code>"], ["every run", overrides(spec_info["base"])],
             ["seeds", _e(", ".join(map(str, spec_info["seeds"])))],
             ["score", f"<code>{_e(spec_info['metric'])}</code>"]]
-    parts.append(_table(["", ""], rows))
+    parts.append(_table(None, rows))
     arms = [[_e(name) + (" (baseline)" if name == spec_info["baseline"] else ""), "variant",
              overrides(([f"--preset {arm['preset']}"] if arm.get("preset") else []) + arm["overrides"])]
             for name, arm in spec_info["variants"].items()]

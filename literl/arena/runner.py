@@ -30,7 +30,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from literl.arena.runs import METRICS_FILE, is_finished
+from literl.arena.runs import METRICS_FILE, checkpoint_step, is_finished
 from literl.arena.spec import PlannedRun
 from literl.arena.summary import LOG_NAME
 
@@ -69,20 +69,6 @@ def threads_per_run(jobs: int, threads: int | None = None) -> int:
     """Torch threads for each of `jobs` parallel runs sharing `threads` cores (default: all of them)."""
     total = threads or os.cpu_count() or 1
     return max(1, total // max(1, jobs))
-
-
-def checkpoint_step(run_dir: Path) -> int | None:
-    """The step of the newest complete checkpoint (`checkpoints/latest` names it), or None."""
-    pointer = run_dir / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    name = pointer.read_text().strip()
-    if not (run_dir / "checkpoints" / name).is_dir():
-        return None
-    try:
-        return int(name.rsplit("_", 1)[-1])
-    except ValueError:
-        return None
 
 
 def prepare_directory(run: PlannedRun) -> int:

@@ -21,6 +21,20 @@ def is_finished(run_dir: str | Path) -> bool:
     return (Path(run_dir) / SUMMARY_FILE).is_file()
 
 
+def checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the newest complete checkpoint (`checkpoints/latest` names it), or None."""
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return None
+    name = pointer.read_text().strip()
+    if not (run_dir / "checkpoints" / name).is_dir():
+        return None
+    try:
+        return int(name.rsplit("_", 1)[-1])
+    except ValueError:
+        return None
+
+
 def is_run_directory(path: str | Path) -> bool:
     path = Path(path)
     return any((path / name).is_file() for name in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from literl.arena import stats
-from literl.arena.runs import RunRecord
+from literl.arena.runs import RunRecord, checkpoint_step
 
 ALL_SCENARIOS = "all"      # the comparison pooled over every scenario's pairs
 LOG_NAME = "train.log"
@@ -59,8 +59,7 @@ def _score_runs(records, metric, expected):
         seen.add(Path(record.directory))
         result = run_scores(record, metric) if record.finished else None
         if result is None:
-            reason = (f"no '{metric}' in eval.jsonl" if record.finished
-                      else f"unfinished or failed: no summary.json (see {Path(record.directory) / LOG_NAME})")
+            reason = _why_unscored(record, metric)
             missing.append(_missing(record.variant, record.scenario, record.seed, record.directory, reason))
             continue
         scores.setdefault((record.variant, record.scenario), {})[record.seed] = result
@@ -70,6 +69,16 @@ def _score_runs(records, metric, expected):
         if Path(directory) not in seen:
             missing.append(_missing(variant, scenario, seed, directory, "not run"))
     return scores, per_run, missing
+
+
+def _why_unscored(record: RunRecord, metric: str) -> str:
+    if record.finished:
+        return f"no '{metric}' in eval.jsonl"
+    log = Path(record.directory) / LOG_NAME
+    step = checkpoint_step(Path(record.directory))
+    if step is not None:
+        return f"unfinished: checkpoint at step {step}, rerun the ablation to resume it (log: {log})"
+    return f"unfinished or failed: no summary.json and no checkpoint (see {log})"
 
 
 def _missing(variant, scenario, seed, directory, reason) -> dict:
@@ -122,7 +131,7 @@ def _fmt_diff(entry: dict) -> str:
         return "–"
     if entry["ci_low"] is None:
         return f"{entry['mean_diff']:+.3f}"
-    return f"{entry['mean_diff']:+.3f} [{entry['ci_low']:+.3f}, {entry['ci_high']:+.3f}]"
+    return f"{entry['mean_diff']:+.3f}\n[{entry['ci_low']:+.3f}, {entry['ci_high']:+.3f}]"
 
 
 VERDICT_STYLE = {stats.HELPS: "green", stats.HURTS: "red", stats.NO_DIFFERENCE: "dim", stats.TOO_FEW: "yellow"}

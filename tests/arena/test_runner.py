@@ -135,3 +135,23 @@ def test_ctrl_c_checkpoints_the_running_run_and_a_rerun_finishes_only_the_missin
     assert (runs[0].directory / "summary.json").stat().st_mtime_ns == finished_before
     assert [len(launches(r)) for r in runs] == [1, 2, 1, 1]
     assert "from step 0" not in (runs[1].directory / "train.log").read_text().split("===")[-1]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_run_checkpoints_and_stops_when_the_runner_is_killed(tmp_path, fake_python):
+    out = tmp_path / "out"
+    script = INTERRUPTIBLE.format(root=str(Path(__file__).parents[2]), out=str(out), python=fake_python)
+    runner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "FAKE_STEP_SECONDS": "0.5"},
+                              stdout=subprocess.DEVNULL)
+    first = plan(out, seeds=2)[0]
+    deadline = time.time() + 60
+    while steps_logged(first.directory) < 1:
+        assert time.time() < deadline and runner.poll() is None
+        time.sleep(0.05)
+    runner.kill()
+    runner.wait()
+    deadline = time.time() + 20
+    while not (first.directory / "checkpoints" / "latest").is_file():
+        assert time.time() < deadline, "the orphaned run did not get SIGTERM"
+        time.sleep(0.05)
+    assert not (first.directory / "summary.json").exists()

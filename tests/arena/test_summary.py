@@ -99,6 +99,11 @@ def test_missing_runs_are_named_and_leave_the_others_paired(tmp_path):
     assert missing[("better", "s1", 2)] == "not run"
     assert missing[("worse", "s1", 0)].startswith("unfinished or failed")
     assert "train.log" in missing[("worse", "s1", 0)]
+    (tmp_path / "worse/s1/seed_0/checkpoints/step_000005").mkdir(parents=True)
+    (tmp_path / "worse/s1/seed_0/checkpoints/latest").write_text("step_000005")
+    again = ablation.summarize_ablation(tmp_path, report=False)
+    reasons = [m["reason"] for m in again["runs"]["missing"] if m["variant"] == "worse"]
+    assert reasons[0].startswith("unfinished: checkpoint at step 5, rerun the ablation to resume it")
     assert summary["runs"] == {**summary["runs"], "expected": 24, "used": 22}
     assert cell(summary, "better", "s1")["n"] == 2
     assert comparison(summary, "better", "s1")["final"]["diffs"] == pytest.approx([0.09, 0.10])
