@@ -38,7 +38,8 @@ class StaticKVDecoder:
         self.model = model
         self.step_fn = step_fn or static_decode_step
         P, source_B = prompts.width, prompts.source_B
-        capacity = P + max(max_new_tokens - 1, 0)
+        # One spare column: a slice of all columns would be a distinct shape for torch.compile (a recompile).
+        capacity = P + max_new_tokens
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         for layer in cache.layers:
@@ -67,13 +68,13 @@ class StaticKVDecoder:
         return logits_RV
 
     def keep(self, slots_K: torch.Tensor) -> None:
-        # Only the written columns are copied: early in a rollout most of the buffer is still empty.
-        written = self.column
+        # Kept rows move to the front of the same buffers (no new allocation), and only the written columns
+        # move: early in a rollout most of each buffer is still empty.
+        K, written = slots_K.shape[0], self.column
         for cache in (self.keys, self.values):
             for i, full_RKSD in enumerate(cache):
-                kept_KKSD = full_RKSD.new_empty(slots_K.shape[0], *full_RKSD.shape[1:])
-                kept_KKSD[:, :, :written] = full_RKSD[slots_K, :, :written]
-                cache[i] = kept_KKSD
+                full_RKSD[:K, :, :written] = full_RKSD[:, :, :written].index_select(0, slots_K)
+                cache[i] = full_RKSD[:K]
         self.bias_RS = self.bias_RS[slots_K]
         self.position_R = self.position_R[slots_K]
 
@@ -97,31 +98,31 @@ def static_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R
 
 def _attend(attn, x_R1H, cos_R1D, sin_R1D, keys_RKSD, values_RKSD, bias_R11S, column: int) -> torch.Tensor:
     R, D = x_R1H.shape[0], attn.head_dim
-    query_R1QD = attn.q_proj(x_R1H).view(R, 1, -1, D)
-    key_R1KD = attn.k_proj(x_R1H).view(R, 1, -1, D)
-    value_RK1D = attn.v_proj(x_R1H).view(R, 1, -1, D).transpose(1, 2)
+    # One token per row: the model's [R, 1, heads, D] and [R, heads, 1, D] are the same memory as [R, heads, D],
+    # so the transposes of the full forward are not needed.
+    query_RQD = attn.q_proj(x_R1H).view(R, -1, D)
+    key_RKD = attn.k_proj(x_R1H).view(R, -1, D)
+    value_RKD = attn.v_proj(x_R1H).view(R, -1, D)
     if getattr(attn, "q_norm", None) is not None:
-        query_R1QD = attn.q_norm(query_R1QD)
+        query_RQD = attn.q_norm(query_RQD)
     if getattr(attn, "k_norm", None) is not None:
-        key_R1KD = attn.k_norm(key_R1KD)
-    cos_R11D, sin_R11D = cos_R1D[:, None], sin_R1D[:, None]
-    query_RQ1D = _rotate(query_R1QD.transpose(1, 2), cos_R11D, sin_R11D)
-    key_RK1D = _rotate(key_R1KD.transpose(1, 2), cos_R11D, sin_R11D)
-    keys_RKSD[:, :, column] = key_RK1D[:, :, 0]
-    values_RKSD[:, :, column] = value_RK1D[:, :, 0]
+        key_RKD = attn.k_norm(key_RKD)
+    query_RQD = _rotate(query_RQD, cos_R1D, sin_R1D)
+    keys_RKSD.narrow(2, column, 1).copy_(_rotate(key_RKD, cos_R1D, sin_R1D)[:, :, None])
+    values_RKSD.narrow(2, column, 1).copy_(value_RKD[:, :, None])
     kv_heads = keys_RKSD.shape[1]
     # Grouped-query attention without repeating K/V: the query heads sharing a KV head become its G "queries".
-    query_RKGD = query_RQ1D.reshape(R, kv_heads, -1, D)
+    query_RKGD = query_RQD.view(R, kv_heads, -1, D)
     out_RKGD = F.scaled_dot_product_attention(query_RKGD, keys_RKSD[:, :, :column + 1],
                                               values_RKSD[:, :, :column + 1], attn_mask=bias_R11S,
                                               scale=attn.scaling)
     return attn.o_proj(out_RKGD.reshape(R, 1, -1))
 
 
-def _rotate(x_RH1D: torch.Tensor, cos_R11D: torch.Tensor, sin_R11D: torch.Tensor) -> torch.Tensor:
+def _rotate(x_RHD: torch.Tensor, cos_R1D: torch.Tensor, sin_R1D: torch.Tensor) -> torch.Tensor:
     """Standard (non-interleaved) rotary embedding: x·cos + rotate_half(x)·sin."""
-    first, second = x_RH1D.chunk(2, dim=-1)
-    return x_RH1D * cos_R11D + torch.cat((-second, first), dim=-1) * sin_R11D
+    first, second = x_RHD.chunk(2, dim=-1)
+    return x_RHD * cos_R1D + torch.cat((-second, first), dim=-1) * sin_R1D
 
 
 def supports_static_kv(model: torch.nn.Module) -> bool:

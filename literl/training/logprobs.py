@@ -5,9 +5,10 @@
     H_t      = logsumexp(z_t) − Σ_v softmax(z_t)_v · z_t,v     (algorithms.md §5)
 
 where h_t is the decoder's hidden state at the position that predicts response token y_t. The decoder body
-runs once on the whole batch; the head then runs over the response positions in chunks of `chunk_tokens`, and
-its backward recomputes each chunk's logits instead of storing them, so a step never holds batch × length ×
-vocab fp32 logits (20 GB for 64 × 512 tokens at Qwen's 151,936-token vocabulary), in forward or backward.
+runs once on the whole batch; the head then runs over tiles of (response positions × vocabulary entries) with
+an online logsumexp, and its backward recomputes each tile's logits instead of storing them, so a step never
+holds batch × length × vocab fp32 logits (20 GB for 64 × 512 tokens at Qwen's 151,936-token vocabulary), in
+forward or backward.
 
 Models whose logits are not a plain linear map of the decoder output (logit soft-capping, logit scaling, a
 custom head) take the direct path: a full forward, then log_softmax.
@@ -16,12 +17,16 @@ custom head) take the direct path: a full forward, then log_softmax.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-# Logits held per chunk (fp32 elements): 2^25 is 128 MB, a few of which are alive at once in backward.
+# Accelerators: logits per tile (fp32 elements); 2^25 is 128 MB, two of which are alive at once in backward.
 DEFAULT_CHUNK_LOGITS = 1 << 25
+# CPU: vocabulary columns per tile, at least this many tokens, and about this many logits (4 MB) per tile.
+CPU_VOCAB_BLOCK = 4096
+CPU_MIN_TILE_TOKENS = 256
+CPU_TILE_LOGITS = 1 << 20
 # Config fields that mean the logits are not `lm_head(hidden)` (Gemma 2, Cohere, Granite, ...).
 _LOGIT_TRANSFORM_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
@@ -30,14 +35,16 @@ _head_cache: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKe
 
 def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, T: int, *,
                    temperature: float = 1.0, with_entropy: bool = False, chunk_tokens: int | None = None,
-                   mask_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   vocab_block: int | None = None, mask_BT: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(y_t) of response tokens t < T of each row, and the entropy of π at those positions if asked.
 
     Layout as in `literl.batch`: row b holds its prompt then its response, right-padded; response token t is
     `tokens_BL[b, prompt_len_B[b] + t]`. Returns fp32 (logp_BT, entropy_BT or None). Positions past a row's end
     hold finite values of no meaning, or 0 where `mask_BT` is given: the head then skips them, which saves the
-    vocabulary-sized matmul on padding. `chunk_tokens` (default: as many as fit 2^25 logits) sets the peak memory
-    of the head. Gradients reach every parameter, the tied embedding included.
+    vocabulary-sized matmul on padding. The head's logits exist one tile of `chunk_tokens` × `vocab_block` at a
+    time (defaults in `Tiling.default`), which bounds its memory whatever the batch. Gradients reach every
+    parameter, the tied embedding included.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 (got {temperature})")
@@ -67,10 +74,9 @@ def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B
         row_N, col_N = valid_BT.nonzero(as_tuple=True)
         hidden_NH = hidden_BLH[row_N, pos_BT[row_N, col_N]]
         target_N = target_BT[row_N, col_N]
-    if chunk_tokens is None:
-        chunk_tokens = max(1, DEFAULT_CHUNK_LOGITS // head.out_features)
+    tiling = Tiling.default(head.out_features, device, chunk_tokens=chunk_tokens, vocab_block=vocab_block)
     logp_N, entropy_N = ChunkedHeadLogprobs.apply(hidden_NH, head.weight, head.bias, target_N,
-                                                  float(temperature), bool(with_entropy), int(chunk_tokens))
+                                                  float(temperature), bool(with_entropy), tiling)
     logp_BT = _scatter_rows(logp_N, valid_BT, mask_BT is None)
     entropy_BT = _scatter_rows(entropy_N, valid_BT, mask_BT is None) if with_entropy else None
     return logp_BT, entropy_BT
@@ -101,78 +107,146 @@ def _logp_entropy(z_NV: torch.Tensor, target_N: torch.Tensor, with_entropy: bool
     return logp_N, lse_N - (torch.softmax(z_NV, dim=-1) * z_NV).sum(-1)
 
 
-class ChunkedHeadLogprobs(torch.autograd.Function):
-    """(logp_N, entropy_N) of a linear head over the full vocabulary, never holding more than one chunk of logits.
+@dataclass(frozen=True)
+class Tiling:
+    """Tile of the head's logits computed at once: `tokens` response positions × `vocab` vocabulary entries."""
 
-    Backward recomputes each chunk's logits z (temperature-scaled) and p = softmax(z):
+    tokens: int
+    vocab: int
+
+    @staticmethod
+    def default(vocab_size: int, device: torch.device, *, chunk_tokens: int | None = None,
+                vocab_block: int | None = None) -> "Tiling":
+        """CPU: tiles of a few MB, so that the element-wise work on a tile runs in cache (on a memory-poor host
+        this halves the head's time against whole-vocabulary chunks). Accelerators: whole-vocabulary rows,
+        chunked to DEFAULT_CHUNK_LOGITS so that few tiles (kernel launches) are needed."""
+        if device.type == "cpu":
+            vocab = min(vocab_size, vocab_block or CPU_VOCAB_BLOCK)
+            tokens = chunk_tokens or max(CPU_MIN_TILE_TOKENS, CPU_TILE_LOGITS // vocab)
+        else:
+            vocab = min(vocab_size, vocab_block or vocab_size)
+            tokens = chunk_tokens or max(1, DEFAULT_CHUNK_LOGITS // vocab)
+        return Tiling(tokens=max(1, int(tokens)), vocab=max(1, int(vocab)))
+
+
+class ChunkedHeadLogprobs(torch.autograd.Function):
+    """(logp_N, entropy_N) of a linear head over the full vocabulary, never holding more than one tile of logits.
+
+    Forward keeps, per token, an online logsumexp over vocabulary tiles: the running max m, Σ e^(z−m) and
+    Σ e^(z−m)·z, so that lse = m + log Σ e^(z−m) and E_p[z] = Σ e^(z−m)·z / Σ e^(z−m), and H = lse − E_p[z].
+    Backward recomputes each tile's logits z (temperature-scaled) and p = e^(z − lse):
         ∂logp/∂z = onehot(y) − p
-        ∂H/∂z    = −p ⊙ (z − Σ_v p_v z_v)
-    then ∂/∂h = (∂/∂z / temperature) · W and ∂/∂W = (∂/∂z / temperature)ᵀ · h, accumulated over chunks.
+        ∂H/∂z    = −p ⊙ (z − E_p[z])
+    then ∂/∂h = (∂/∂z / temperature) · W and ∂/∂W = (∂/∂z / temperature)ᵀ · h, accumulated tile by tile.
     """
 
     @staticmethod
-    def forward(ctx, hidden_NH, weight_VH, bias_V, target_N, temperature, with_entropy, chunk_tokens):
-        N = hidden_NH.shape[0]
-        logp_N = torch.empty(N, dtype=torch.float32, device=hidden_NH.device)
-        lse_N = torch.empty_like(logp_N)
-        entropy_N = torch.empty_like(logp_N) if with_entropy else None
-        for start in range(0, N, chunk_tokens):
-            chunk = slice(start, start + chunk_tokens)
-            z_CV = _chunk_logits(hidden_NH[chunk], weight_VH, bias_V, temperature)
-            lse_N[chunk] = torch.logsumexp(z_CV, dim=-1)
-            logp_N[chunk] = z_CV.gather(-1, target_N[chunk, None]).squeeze(-1) - lse_N[chunk]
-            if with_entropy:
-                p_CV = torch.exp(z_CV - lse_N[chunk, None])
-                entropy_N[chunk] = lse_N[chunk] - (p_CV * z_CV).sum(-1)
-        ctx.save_for_backward(hidden_NH, weight_VH, bias_V, target_N, lse_N)
-        ctx.settings = (temperature, with_entropy, chunk_tokens)
-        return logp_N, entropy_N
+    def forward(ctx, hidden_NH, weight_VH, bias_V, target_N, temperature, with_entropy, tiling):
+        N, V = hidden_NH.shape[0], weight_VH.shape[0]
+        f32 = dict(dtype=torch.float32, device=hidden_NH.device)
+        max_N = torch.full((N,), float("-inf"), **f32)
+        sum_exp_N, sum_exp_z_N, target_z_N = (torch.zeros(N, **f32) for _ in range(3))
+        tile_buffer = torch.empty(min(N, tiling.tokens) * min(V, tiling.vocab), **f32)
+        for v0 in range(0, V, tiling.vocab):
+            weight_WH = weight_VH[v0:v0 + tiling.vocab]
+            bias_W = None if bias_V is None else bias_V[v0:v0 + tiling.vocab]
+            for n0 in range(0, N, tiling.tokens):
+                rows = slice(n0, n0 + tiling.tokens)
+                z_CW = _tile_logits(hidden_NH[rows], weight_WH, bias_W, temperature, tile_buffer)
+                in_tile_C, local_C = _target_in_tile(target_N[rows], v0, z_CW.shape[1])
+                target_z_N[rows] = torch.where(in_tile_C, z_CW.gather(1, local_C[:, None]).squeeze(1),
+                                               target_z_N[rows])
+                new_max_C = torch.maximum(max_N[rows], z_CW.amax(-1))
+                rescale_C = torch.exp(max_N[rows] - new_max_C)
+                max_N[rows] = new_max_C
+                exp_CW = torch.exp(z_CW - new_max_C[:, None]) if with_entropy else z_CW.sub_(new_max_C[:, None]).exp_()
+                sum_exp_N[rows] = sum_exp_N[rows] * rescale_C + exp_CW.sum(-1)
+                if with_entropy:
+                    sum_exp_z_N[rows] = sum_exp_z_N[rows] * rescale_C + exp_CW.mul_(z_CW).sum(-1)
+        lse_N = max_N + sum_exp_N.log()
+        mean_z_N = sum_exp_z_N / sum_exp_N
+        ctx.save_for_backward(hidden_NH, weight_VH, bias_V, target_N, lse_N, mean_z_N)
+        ctx.settings = (temperature, with_entropy, tiling)
+        return target_z_N - lse_N, (lse_N - mean_z_N if with_entropy else None)
 
     @staticmethod
     def backward(ctx, grad_logp_N, grad_entropy_N):
-        hidden_NH, weight_VH, bias_V, target_N, lse_N = ctx.saved_tensors
-        temperature, with_entropy, chunk_tokens = ctx.settings
+        hidden_NH, weight_VH, bias_V, target_N, lse_N, mean_z_N = ctx.saved_tensors
+        temperature, with_entropy, tiling = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h_NH = torch.empty_like(hidden_NH) if need_h else None
-        grad_w_VH = torch.zeros_like(weight_VH, dtype=torch.float32) if need_w else None
-        grad_b_V = torch.zeros_like(bias_V, dtype=torch.float32) if need_b else None
-        for start in range(0, hidden_NH.shape[0], chunk_tokens):
-            chunk = slice(start, start + chunk_tokens)
-            h_CH = hidden_NH[chunk]
-            z_CV = _chunk_logits(h_CH, weight_VH, bias_V, temperature)
-            p_CV = torch.exp(z_CV - lse_N[chunk, None])
-            # ∂/∂z of logp: onehot − p, written in place over p to keep one V-sized buffer per chunk.
-            grad_z_CV = _grad_logits(z_CV, p_CV, target_N[chunk], grad_logp_N[chunk],
-                                     grad_entropy_N[chunk] if (with_entropy and grad_entropy_N is not None) else None)
-            grad_z_CV.div_(temperature)
-            if need_h:
-                grad_h_NH[chunk] = (grad_z_CV.to(weight_VH.dtype) @ weight_VH).to(hidden_NH.dtype)
-            if need_w:
-                grad_w_VH.addmm_(grad_z_CV.t(), h_CH.float())
-            if need_b:
-                grad_b_V += grad_z_CV.sum(0)
-        grad_w_VH = grad_w_VH.to(weight_VH.dtype) if need_w else None
-        grad_b_V = grad_b_V.to(bias_V.dtype) if need_b else None
-        return grad_h_NH, grad_w_VH, grad_b_V, None, None, None, None
+        N, V = hidden_NH.shape[0], weight_VH.shape[0]
+        grad_logp_N = grad_logp_N.float()
+        grad_entropy_N = grad_entropy_N.float() if (with_entropy and grad_entropy_N is not None) else None
+        grad_h_NH = torch.zeros(hidden_NH.shape, dtype=torch.float32, device=hidden_NH.device)
+        grad_w_VH = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if need_w else None
+        grad_b_V = torch.zeros(V, dtype=torch.float32, device=weight_VH.device) if need_b else None
+        tile_buffer = torch.empty(min(N, tiling.tokens) * min(V, tiling.vocab), dtype=torch.float32,
+                                  device=hidden_NH.device)
+        for v0 in range(0, V, tiling.vocab):
+            block = slice(v0, v0 + tiling.vocab)
+            weight_WH = weight_VH[block]
+            for n0 in range(0, N, tiling.tokens):
+                rows = slice(n0, n0 + tiling.tokens)
+                h_CH = hidden_NH[rows]
+                z_CW = _tile_logits(h_CH, weight_WH, None if bias_V is None else bias_V[block], temperature,
+                                    tile_buffer)
+                grad_z_CW = _tile_grad_logits(z_CW, lse_N[rows], mean_z_N[rows], target_N[rows], v0,
+                                              grad_logp_N[rows],
+                                              None if grad_entropy_N is None else grad_entropy_N[rows])
+                grad_z_CW.div_(temperature)
+                _accumulate_head_grads(grad_z_CW, h_CH, weight_WH, grad_h_NH[rows],
+                                       grad_w_VH[block] if need_w else None)
+                if need_b:
+                    grad_b_V[block] += grad_z_CW.sum(0)
+        return (grad_h_NH.to(hidden_NH.dtype) if need_h else None,
+                grad_w_VH.to(weight_VH.dtype) if need_w else None,
+                grad_b_V.to(bias_V.dtype) if need_b else None, None, None, None, None)
 
 
-def _chunk_logits(h_CH, weight_VH, bias_V, temperature) -> torch.Tensor:
-    z_CV = F.linear(h_CH, weight_VH, bias_V).float()
-    return z_CV.div_(temperature) if temperature != 1.0 else z_CV
-
-
-def _grad_logits(z_CV, p_CV, target_C, grad_logp_C, grad_entropy_C):
-    """g_logp·(onehot(y) − p) + g_H·(−p ⊙ (z − E_p[z])), reusing p's buffer."""
-    grad_z_CV = p_CV
-    if grad_entropy_C is not None:
-        mean_z_C = (p_CV * z_CV).sum(-1, keepdim=True)
-        # −p(z − E[z])·g_H − p·g_logp  =  −p · ((z − E[z])·g_H + g_logp)
-        scale_CV = (z_CV - mean_z_C).mul_(grad_entropy_C[:, None]).add_(grad_logp_C[:, None])
-        grad_z_CV = p_CV.mul_(scale_CV).neg_()
+def _tile_logits(h_CH, weight_WH, bias_W, temperature, buffer) -> torch.Tensor:
+    """z = (h Wᵀ + b) / temperature in fp32, written into `buffer` (reused: no allocation per tile)."""
+    C, W = h_CH.shape[0], weight_WH.shape[0]
+    z_CW = buffer[:C * W].view(C, W)
+    if h_CH.dtype == torch.float32 and weight_WH.dtype == torch.float32:
+        torch.mm(h_CH, weight_WH.t(), out=z_CW)
     else:
-        grad_z_CV = p_CV.mul_(-grad_logp_C[:, None])
-    grad_z_CV.scatter_add_(-1, target_C[:, None], grad_logp_C[:, None])
-    return grad_z_CV
+        z_CW.copy_(h_CH @ weight_WH.t())
+    if bias_W is not None:
+        z_CW += bias_W
+    return z_CW.div_(temperature) if temperature != 1.0 else z_CW
+
+
+def _accumulate_head_grads(grad_z_CW, h_CH, weight_WH, grad_h_CH, grad_w_WH) -> None:
+    """grad_h += ∂z · W and grad_W += ∂zᵀ · h into fp32 accumulators; the matmuls run in the weights' dtype
+    (as autograd would for a low-precision linear layer), never on an fp32 copy of the weights."""
+    if weight_WH.dtype == torch.float32 and h_CH.dtype == torch.float32:
+        grad_h_CH.addmm_(grad_z_CW, weight_WH)
+        if grad_w_WH is not None:
+            grad_w_WH.addmm_(grad_z_CW.t(), h_CH)
+        return
+    grad_z_CW = grad_z_CW.to(weight_WH.dtype)
+    grad_h_CH += (grad_z_CW @ weight_WH).float()
+    if grad_w_WH is not None:
+        grad_w_WH += (grad_z_CW.t() @ h_CH.to(weight_WH.dtype)).float()
+
+
+def _target_in_tile(target_C, v0: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(whether each target falls in vocabulary columns [v0, v0 + width), its column there, clamped)."""
+    local_C = target_C - v0
+    return (local_C >= 0) & (local_C < width), local_C.clamp(0, width - 1)
+
+
+def _tile_grad_logits(z_CW, lse_C, mean_z_C, target_C, v0, grad_logp_C, grad_entropy_C) -> torch.Tensor:
+    """g_logp·(onehot(y) − p) + g_H·(−p ⊙ (z − E_p[z])) on one tile, overwriting z's buffer."""
+    p_CW = torch.exp(z_CW - lse_C[:, None])
+    if grad_entropy_C is None:
+        grad_z_CW = p_CW.mul_(-grad_logp_C[:, None])
+    else:
+        # −p·g_logp − p·(z − E[z])·g_H  =  −p · ((z − E[z])·g_H + g_logp)
+        scale_CW = z_CW.sub_(mean_z_C[:, None]).mul_(grad_entropy_C[:, None]).add_(grad_logp_C[:, None])
+        grad_z_CW = p_CW.mul_(scale_CW).neg_()
+    in_tile_C, local_C = _target_in_tile(target_C, v0, z_CW.shape[1])
+    return grad_z_CW.scatter_add_(1, local_C[:, None], (grad_logp_C * in_tile_C)[:, None])
 
 
 def _plain_linear_head(model: torch.nn.Module) -> torch.nn.Linear | None:

@@ -119,6 +119,7 @@ def test_bf16_copy_has_real_mismatch_and_follows_sync_weights():
     policy = build_tiny_qwen3(seed=5)
     engine = _engine(policy, "auto", dtype=torch.bfloat16)
     assert engine.model is not policy and next(engine.model.parameters()).dtype == torch.bfloat16
+    assert engine.uses_static_kv
     prompts, params = _prompts(seed=5), SamplingParams(max_new_tokens=16)
     gen = engine.generate(prompts, params, rng=torch.Generator().manual_seed(0))
     gaps = []

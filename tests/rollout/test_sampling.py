@@ -63,13 +63,13 @@ def test_greedy_and_seeding():
 
 
 def test_given_noise_decides_the_sample():
-    """With Exp(1) noise E the sample is argmax(log q − log E): a tiny E on a token makes it win."""
-    noise_BV = torch.ones(2, 4)
-    noise_BV[0, 3] = 1e-6
-    noise_BV[1, 2] = 1e-6
-    token_B, _ = sample_next_token(_logits(2), SamplingParams(), exp_noise_BV=noise_BV)
+    """With Gumbel noise g the sample is argmax(log q + g): a large g on a token makes it win."""
+    noise_BV = torch.zeros(2, 4)
+    noise_BV[0, 3] = 20.0
+    noise_BV[1, 2] = 20.0
+    token_B, _ = sample_next_token(_logits(2), SamplingParams(), gumbel_BV=noise_BV)
     assert token_B.tolist() == [3, 2]
-    token_B, _ = sample_next_token(_logits(2), SamplingParams(top_k=2), exp_noise_BV=noise_BV)
+    token_B, _ = sample_next_token(_logits(2), SamplingParams(top_k=2), gumbel_BV=noise_BV)
     assert token_B.tolist() == [0, 0]                    # filtered tokens never win, whatever the noise
 
 

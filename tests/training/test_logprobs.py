@@ -45,8 +45,8 @@ def _loss_grads(model, logp_BT, entropy_BT, mask_BT):
 
 
 @pytest.mark.parametrize("use_mask", [False, True])
-@pytest.mark.parametrize("chunk_tokens", [1, 7, None])
-def test_chunked_matches_direct_values_and_grads(use_mask, chunk_tokens):
+@pytest.mark.parametrize("chunk_tokens, vocab_block", [(1, None), (7, 13), (None, 64), (None, None)])
+def test_chunked_matches_direct_values_and_grads(use_mask, chunk_tokens, vocab_block):
     model = build_tiny_qwen3(seed=3)
     tokens_BL, prompt_len_B, T, mask_BT = _batch([3, 7, 1, 5], [6, 2, 9, 4])
     temperature = 0.7
@@ -55,7 +55,8 @@ def test_chunked_matches_direct_values_and_grads(use_mask, chunk_tokens):
     ref_grads = _loss_grads(model, ref_logp, ref_ent, mask_BT)
 
     logp, ent = token_logprobs(model, tokens_BL, prompt_len_B, T, temperature=temperature, with_entropy=True,
-                               chunk_tokens=chunk_tokens, mask_BT=mask_BT if use_mask else None)
+                               chunk_tokens=chunk_tokens, vocab_block=vocab_block,
+                               mask_BT=mask_BT if use_mask else None)
     assert logp.shape == ent.shape == (4, T) and logp.dtype == torch.float32
     torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
     torch.testing.assert_close(ent[mask_BT], ref_ent[mask_BT], rtol=0, atol=1e-5)

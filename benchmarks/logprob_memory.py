@@ -1,0 +1,133 @@
+"""Peak memory of token log-probs + entropy, forward and backward, at a real Qwen vocabulary (151,936).
+
+The benchmark Qwen3 body (hidden 256, 4 layers) with a 151,936-token tied head; 64 responses × 512 tokens
+after 32-token prompts. The chunked path (`literl.training.logprobs.token_logprobs`) runs at full size; the
+direct path (full logits, log_softmax) cannot: its logits alone are 64 × 512 × 151,936 × 4 B = 19.9 GB, so it
+runs at a few rows and is extrapolated linearly in rows (its memory is linear in rows). Each measurement runs
+in a fresh process; on CPU the figure is peak RSS (ru_maxrss) minus the RSS before the pass, on CUDA
+`max_memory_allocated` minus the memory before the pass. Prints one JSON line.
+
+    python benchmarks/logprob_memory.py                       # 64 × 512, vocab 151,936
+    python benchmarks/logprob_memory.py --rows 8 --direct-rows 1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import workload  # noqa: E402
+
+GB = 1024 ** 3
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _batch(rows: int, prompt: int, response: int, vocab: int, device):
+    g = torch.Generator().manual_seed(0)
+    tokens_BL = torch.randint(3, vocab, (rows, prompt + response), generator=g).to(device)
+    prompt_len_B = torch.full((rows,), prompt, device=device)
+    return tokens_BL, prompt_len_B
+
+
+def _direct(model, tokens_BL, prompt_len_B, T):
+    """The computation the chunked path replaces: full logits, log_softmax, entropy from the log-probs."""
+    z_BLV = model(input_ids=tokens_BL[:, :-1], use_cache=False).logits.float()
+    z_BTV = z_BLV[:, prompt_len_B[0] - 1:]
+    logp_BTV = torch.log_softmax(z_BTV, dim=-1)
+    logp_BT = logp_BTV.gather(-1, tokens_BL[:, prompt_len_B[0]:, None]).squeeze(-1)
+    return logp_BT, -(logp_BTV.exp() * logp_BTV).sum(-1)
+
+
+def child(mode: str, rows: int, prompt: int, response: int, vocab: int, device: str) -> dict:
+    from literl.training.logprobs import token_logprobs
+
+    workload.set_threads()
+    dev = torch.device(device)
+    model, _ = workload.build_model(vocab_size=vocab)
+    model.to(dev).train()
+    tokens_BL, prompt_len_B = _batch(rows, prompt, response, vocab, dev)
+    weight_BT = torch.randn(rows, response, generator=torch.Generator().manual_seed(1)).to(dev) / (rows * response)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        before = _rss_bytes()
+    start = time.perf_counter()
+    if mode == "chunked":
+        logp_BT, entropy_BT = token_logprobs(model, tokens_BL, prompt_len_B, response, with_entropy=True)
+    else:
+        logp_BT, entropy_BT = _direct(model, tokens_BL, prompt_len_B, response)
+    loss = (weight_BT * logp_BT).sum() + 0.01 * (weight_BT * entropy_BT).sum()
+    loss.backward()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = _peak_rss_bytes()
+    return {"mode": mode, "rows": rows, "seconds": time.perf_counter() - start,
+            "pass_peak_gb": (peak - before) / GB, "process_peak_gb": peak / GB}
+
+
+def _run_child(args, mode: str, rows: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", mode, "--rows", str(rows), "--prompt", str(args.prompt),
+           "--response", str(args.response), "--vocab", str(args.vocab), "--device", args.device]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--response", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=151_936)
+    parser.add_argument("--direct-rows", default="1,2", help="row counts at which the direct path is measured")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--child", choices=["chunked", "direct"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, args.rows, args.prompt, args.response, args.vocab, args.device)))
+        return
+    chunked = _run_child(args, "chunked", args.rows)
+    direct = [_run_child(args, "direct", int(r)) for r in args.direct_rows.split(",")]
+    (r0, m0), (r1, m1) = (direct[0]["rows"], direct[0]["pass_peak_gb"]), (direct[-1]["rows"], direct[-1]["pass_peak_gb"])
+    per_row = (m1 - m0) / (r1 - r0) if r1 != r0 else m0 / r0
+    direct_estimate = m0 + per_row * (args.rows - r0)
+    logits_gb = args.rows * args.response * args.vocab * 4 / GB
+    print(json.dumps({
+        "benchmark": "logprob_memory", "device": args.device, "rows": args.rows, "response_tokens": args.response,
+        "prompt_tokens": args.prompt, "vocab": args.vocab,
+        "chunked_pass_peak_gb": round(chunked["pass_peak_gb"], 3),
+        "chunked_process_peak_gb": round(chunked["process_peak_gb"], 3),
+        "chunked_seconds": round(chunked["seconds"], 2),
+        "direct_estimated_pass_peak_gb": round(direct_estimate, 2),
+        "direct_logits_alone_gb": round(logits_gb, 2),
+        "direct_measured": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()} for d in direct],
+        "machine": workload.machine(),
+    }))
+
+
+if __name__ == "__main__":
+    main()
