@@ -1,11 +1,14 @@
 """Peak memory of token log-probs + entropy, forward and backward, at a real Qwen vocabulary (151,936).
 
 The benchmark Qwen3 body (hidden 256, 4 layers) with a 151,936-token tied head; 64 responses × 512 tokens
-after 32-token prompts. The chunked path (`literl.training.logprobs.token_logprobs`) runs at full size; the
-direct path (full logits, log_softmax) cannot: its logits alone are 64 × 512 × 151,936 × 4 B = 19.9 GB, so it
-runs at a few rows and is extrapolated linearly in rows (its memory is linear in rows). Each measurement runs
-in a fresh process; on CPU the figure is peak RSS (ru_maxrss) minus the RSS before the pass, on CUDA
-`max_memory_allocated` minus the memory before the pass. Prints one JSON line.
+after 32-token prompts, forward and backward of Σ w·logp + 0.01·Σ w·H. Measured, each in a fresh process:
+  chunked  `literl.training.logprobs.token_logprobs(..., with_entropy=True)` at full size
+  body     the decoder alone (its activations), so that chunked − body is what the head adds
+  direct   full logits + log_softmax; its logits alone are 64 × 512 × 151,936 × 4 B = 18.5 GiB, so it runs at a
+           few rows and is extrapolated linearly in rows (its memory is linear in rows)
+On CPU the figure is peak RSS (ru_maxrss) minus the RSS before the pass, on CUDA `max_memory_allocated` minus
+the memory before the pass. `--checkpoint-layers` turns on the model's gradient checkpointing (a trainer
+choice) to show what is left once the decoder's activations are not all kept. Prints one JSON line (GiB).
 
     python benchmarks/logprob_memory.py                       # 64 × 512, vocab 151,936
     python benchmarks/logprob_memory.py --rows 8 --direct-rows 1,2
@@ -28,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import workload  # noqa: E402
 
-GB = 1024 ** 3
+GIB = 1024 ** 3
 
 
 def _rss_bytes() -> int:
@@ -59,13 +62,16 @@ def _direct(model, tokens_BL, prompt_len_B, T):
     return logp_BT, -(logp_BTV.exp() * logp_BTV).sum(-1)
 
 
-def child(mode: str, rows: int, prompt: int, response: int, vocab: int, device: str) -> dict:
+def child(mode: str, rows: int, prompt: int, response: int, vocab: int, device: str, checkpoint: bool,
+          threads: int) -> dict:
     from literl.training.logprobs import token_logprobs
 
-    workload.set_threads()
+    workload.set_threads(threads)
     dev = torch.device(device)
     model, _ = workload.build_model(vocab_size=vocab)
     model.to(dev).train()
+    if checkpoint:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     tokens_BL, prompt_len_B = _batch(rows, prompt, response, vocab, dev)
     weight_BT = torch.randn(rows, response, generator=torch.Generator().manual_seed(1)).to(dev) / (rows * response)
     if dev.type == "cuda":
@@ -77,8 +83,11 @@ def child(mode: str, rows: int, prompt: int, response: int, vocab: int, device: 
     start = time.perf_counter()
     if mode == "chunked":
         logp_BT, entropy_BT = token_logprobs(model, tokens_BL, prompt_len_B, response, with_entropy=True)
-    else:
+    elif mode == "direct":
         logp_BT, entropy_BT = _direct(model, tokens_BL, prompt_len_B, response)
+    else:
+        hidden_BLH = model.get_decoder()(input_ids=tokens_BL[:, :-1], use_cache=False).last_hidden_state
+        logp_BT = entropy_BT = hidden_BLH[:, prompt - 1:].sum(-1)
     loss = (weight_BT * logp_BT).sum() + 0.01 * (weight_BT * entropy_BT).sum()
     loss.backward()
     if dev.type == "cuda":
@@ -87,12 +96,13 @@ def child(mode: str, rows: int, prompt: int, response: int, vocab: int, device: 
     else:
         peak = _peak_rss_bytes()
     return {"mode": mode, "rows": rows, "seconds": time.perf_counter() - start,
-            "pass_peak_gb": (peak - before) / GB, "process_peak_gb": peak / GB}
+            "pass_peak_gib": (peak - before) / GIB, "process_peak_gib": peak / GIB}
 
 
 def _run_child(args, mode: str, rows: int) -> dict:
     cmd = [sys.executable, __file__, "--child", mode, "--rows", str(rows), "--prompt", str(args.prompt),
            "--response", str(args.response), "--vocab", str(args.vocab), "--device", args.device]
+    cmd += ["--threads", str(args.threads)] + (["--checkpoint-layers"] if args.checkpoint_layers else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -105,27 +115,33 @@ def main(argv=None) -> None:
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--direct-rows", default="1,2", help="row counts at which the direct path is measured")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--child", choices=["chunked", "direct"], help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint-layers", action="store_true", help="the model's gradient checkpointing")
+    parser.add_argument("--threads", type=int, default=workload.TORCH_THREADS)
+    parser.add_argument("--child", choices=["chunked", "direct", "body"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.rows, args.prompt, args.response, args.vocab, args.device)))
+        print(json.dumps(child(args.child, args.rows, args.prompt, args.response, args.vocab, args.device,
+                               args.checkpoint_layers, args.threads)))
         return
     chunked = _run_child(args, "chunked", args.rows)
+    body = _run_child(args, "body", args.rows)
     direct = [_run_child(args, "direct", int(r)) for r in args.direct_rows.split(",")]
-    (r0, m0), (r1, m1) = (direct[0]["rows"], direct[0]["pass_peak_gb"]), (direct[-1]["rows"], direct[-1]["pass_peak_gb"])
+    (r0, m0), (r1, m1) = (direct[0]["rows"], direct[0]["pass_peak_gib"]), (direct[-1]["rows"], direct[-1]["pass_peak_gib"])
     per_row = (m1 - m0) / (r1 - r0) if r1 != r0 else m0 / r0
     direct_estimate = m0 + per_row * (args.rows - r0)
-    logits_gb = args.rows * args.response * args.vocab * 4 / GB
+    logits_gb = args.rows * args.response * args.vocab * 4 / GIB
     print(json.dumps({
         "benchmark": "logprob_memory", "device": args.device, "rows": args.rows, "response_tokens": args.response,
-        "prompt_tokens": args.prompt, "vocab": args.vocab,
-        "chunked_pass_peak_gb": round(chunked["pass_peak_gb"], 3),
-        "chunked_process_peak_gb": round(chunked["process_peak_gb"], 3),
+        "prompt_tokens": args.prompt, "vocab": args.vocab, "checkpoint_layers": args.checkpoint_layers,
+        "chunked_pass_peak_gib": round(chunked["pass_peak_gib"], 3),
+        "chunked_process_peak_gib": round(chunked["process_peak_gib"], 3),
         "chunked_seconds": round(chunked["seconds"], 2),
-        "direct_estimated_pass_peak_gb": round(direct_estimate, 2),
-        "direct_logits_alone_gb": round(logits_gb, 2),
+        "body_pass_peak_gib": round(body["pass_peak_gib"], 3),
+        "head_adds_gib": round(chunked["pass_peak_gib"] - body["pass_peak_gib"], 3),
+        "direct_estimated_pass_peak_gib": round(direct_estimate, 2),
+        "direct_logits_alone_gib": round(logits_gb, 2),
         "direct_measured": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()} for d in direct],
-        "machine": workload.machine(),
+        "machine": {**workload.machine(), "threads": args.threads},
     }))
 
 

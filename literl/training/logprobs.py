@@ -27,6 +27,10 @@ DEFAULT_CHUNK_LOGITS = 1 << 25
 CPU_VOCAB_BLOCK = 4096
 CPU_MIN_TILE_TOKENS = 256
 CPU_TILE_LOGITS = 1 << 20
+# Rows are grouped by length for the decoder forward (when `mask_BT` says where responses end); a group costs
+# about this many tokens' worth of compute in fixed overhead (CPU, benchmark model), and there are at most:
+BUCKET_OVERHEAD_TOKENS = 512
+MAX_BUCKETS = 8
 # Config fields that mean the logits are not `lm_head(hidden)` (Gemma 2, Cohere, Granite, ...).
 _LOGIT_TRANSFORM_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
@@ -65,21 +69,72 @@ def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B
     head = _plain_linear_head(model)
     if head is None:
         return _direct(model, tokens_BL[:, :L], pos_BT, target_BT, valid_BT, temperature, with_entropy)
-    hidden_BLH = model.get_decoder()(input_ids=tokens_BL[:, :L], use_cache=False).last_hidden_state
     if mask_BT is None:
+        hidden_BLH = model.get_decoder()(input_ids=tokens_BL[:, :L], use_cache=False).last_hidden_state
         hidden_NH = hidden_BLH.gather(1, pos_BT[:, :, None].expand(-1, -1, hidden_BLH.shape[-1])).flatten(0, 1)
         target_N = target_BT.flatten()
     else:
-        # Only real response tokens reach the head; row-major order matches valid_BT's True entries.
-        row_N, col_N = valid_BT.nonzero(as_tuple=True)
-        hidden_NH = hidden_BLH[row_N, pos_BT[row_N, col_N]]
-        target_N = target_BT[row_N, col_N]
+        hidden_NH = _response_hidden_by_length(model.get_decoder(), tokens_BL, pos_BT, valid_BT)
+        target_N = target_BT[valid_BT]
     tiling = Tiling.default(head.out_features, device, chunk_tokens=chunk_tokens, vocab_block=vocab_block)
     logp_N, entropy_N = ChunkedHeadLogprobs.apply(hidden_NH, head.weight, head.bias, target_N,
                                                   float(temperature), bool(with_entropy), tiling)
     logp_BT = _scatter_rows(logp_N, valid_BT, mask_BT is None)
     entropy_BT = _scatter_rows(entropy_N, valid_BT, mask_BT is None) if with_entropy else None
     return logp_BT, entropy_BT
+
+
+def _response_hidden_by_length(decoder, tokens_BL, pos_BT, valid_BT) -> torch.Tensor:
+    """Hidden states at the real response positions (valid_BT's True entries, row-major), with the decoder run
+    on groups of rows of similar length, each cut to its own longest row: no compute on most of the padding."""
+    needed_B = torch.where(valid_BT, pos_BT + 1, torch.zeros_like(pos_BT)).amax(-1).clamp(min=1)
+    parts, order = [], []
+    flat_index_BT = torch.full_like(pos_BT, -1)
+    flat_index_BT[valid_BT] = torch.arange(int(valid_BT.sum()), device=pos_BT.device)
+    for rows_R in length_buckets(needed_B):
+        width = int(needed_B[rows_R].max())
+        hidden_RLH = decoder(input_ids=tokens_BL[rows_R, :width], use_cache=False).last_hidden_state
+        valid_RT = valid_BT[rows_R]
+        row_M, col_M = valid_RT.nonzero(as_tuple=True)
+        parts.append(hidden_RLH[row_M, pos_BT[rows_R][row_M, col_M]])
+        order.append(flat_index_BT[rows_R][valid_RT])
+    hidden_MH, order_M = torch.cat(parts), torch.cat(order)
+    return hidden_MH[torch.argsort(order_M)]
+
+
+def length_buckets(length_B: torch.Tensor, *, overhead_tokens: int = BUCKET_OVERHEAD_TOKENS,
+                   max_buckets: int = MAX_BUCKETS) -> list[torch.Tensor]:
+    """Split rows into groups of similar length minimising Σ_groups (rows × longest row + overhead_tokens).
+
+    Over the distinct lengths u_0 > u_1 > … with n_j rows of length ≥ u_j (cumulative), a group covering
+    lengths j..i−1 costs (n_i − n_j)·u_j + overhead, and cost_k[i] = min_j cost_{k−1}[j] + group(j, i): an
+    exact dynamic programme, vectorised over j (at most a few hundred distinct lengths).
+    """
+    lengths_B = length_B.cpu()
+    distinct_U, count_U = torch.unique(lengths_B, sorted=True, return_counts=True)
+    distinct_U, count_U = distinct_U.flip(0).double(), count_U.flip(0).double()
+    U = distinct_U.shape[0]
+    rows_before_I = torch.cat([torch.zeros(1, dtype=torch.float64), count_U.cumsum(0)])
+    i_I, j_J = torch.arange(U + 1), torch.arange(U)
+    group_JI = (rows_before_I[None, :] - rows_before_I[:U, None]) * distinct_U[:, None] + overhead_tokens
+    group_JI = group_JI.masked_fill(i_I[None, :] <= j_J[:, None], float("inf"))
+    cost_I = torch.full((U + 1,), float("inf"), dtype=torch.float64)
+    cost_I[0] = 0.0
+    costs, splits = [], []
+    for _ in range(max_buckets):
+        total_JI = cost_I[:U, None] + group_JI
+        # amin + argmin: Tensor.min(dim) takes ~17 ms per call on a busy 2-thread CPU (its parallel kernel)
+        best_I, split_I = total_JI.amin(dim=0), total_JI.argmin(dim=0)
+        cost_I = torch.cat([torch.zeros(1, dtype=torch.float64), best_I[1:]])
+        costs.append(float(best_I[U]))
+        splits.append(split_I)
+    bounds, i, k = [], U, min(range(max_buckets), key=costs.__getitem__)
+    while i > 0:   # cost_k[0] = 0 for every k, so a path may use fewer than k + 1 groups and stop early
+        j = int(splits[k][i])
+        bounds.append((float(distinct_U[i - 1]), float(distinct_U[j])))
+        i, k = j, k - 1
+    return [torch.nonzero((lengths_B >= low) & (lengths_B <= high)).flatten().to(length_B.device)
+            for low, high in reversed(bounds)]
 
 
 def _scatter_rows(values_N: torch.Tensor, valid_BT: torch.Tensor, dense: bool) -> torch.Tensor:

@@ -117,3 +117,30 @@ def test_head_that_disagrees_with_forward_takes_the_direct_path(monkeypatch):
     logp, ent = token_logprobs(model, tokens_BL, prompt_len_B, T, with_entropy=True)
     torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
     torch.testing.assert_close(ent[mask_BT], ref_ent[mask_BT], rtol=0, atol=1e-5)
+
+
+def test_length_buckets_hand_cases():
+    """lengths [10, 100, 10, 100]: one group costs 4·100 + c, two groups 2·100 + 2·10 + 2c, so c = 5 splits
+    them (230 < 405) and c = 1000 does not (1400 < 2220)."""
+    lengths = torch.tensor([10, 100, 10, 100])
+    groups = logprobs.length_buckets(lengths, overhead_tokens=5)
+    assert [sorted(g.tolist()) for g in groups] == [[1, 3], [0, 2]]
+    assert [sorted(g.tolist()) for g in logprobs.length_buckets(lengths, overhead_tokens=1000)] == [[0, 1, 2, 3]]
+    many = torch.randint(1, 90, (300,), generator=torch.Generator().manual_seed(0))
+    groups = logprobs.length_buckets(many, max_buckets=4)
+    assert len(groups) <= 4 and torch.equal(torch.cat(groups).sort().values, torch.arange(300))
+
+
+def test_rows_grouped_by_length_keep_their_order(monkeypatch):
+    """With every row in its own decoder call, in reverse order, results still land on the right rows."""
+    monkeypatch.setattr(logprobs, "length_buckets", lambda length_B: [torch.tensor([b]) for b in
+                                                                        reversed(range(len(length_B)))])
+    model = build_tiny_qwen3(seed=6)
+    tokens_BL, prompt_len_B, T, mask_BT = _batch([4, 2, 6], [3, 7, 1], seed=6)
+    ref_logp, ref_ent = _direct(model, tokens_BL, prompt_len_B, T, 1.0)
+    ref_grads = _loss_grads(model, ref_logp, ref_ent, mask_BT)
+    logp, ent = token_logprobs(model, tokens_BL, prompt_len_B, T, with_entropy=True, mask_BT=mask_BT)
+    torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent[mask_BT], ref_ent[mask_BT], rtol=0, atol=1e-5)
+    for name, g in _loss_grads(model, logp, ent, mask_BT).items():
+        torch.testing.assert_close(g, ref_grads[name], rtol=0, atol=1e-5, msg=name)
