@@ -180,8 +180,16 @@ class AblationRunner:
         log.flush()
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),
                "TOKENIZERS_PARALLELISM": "false"}
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        except OSError as err:     # e.g. the interpreter is gone: this run fails, the others may still start
+            log.write(f"could not start the run: {err}\n")
+            log.close()
+            self.outcome.failed.append((run, -1))
+            self.console.print(f"\\[arena] [bold red]FAILED[/] {self._name(run)}: could not start "
+                               f"({escape(str(err))})", highlight=False)
+            return
         total = self.total_steps.get(run.directory, 1)
         active = _Active(run, process, log, time.perf_counter(), total)
         active.task = progress.add_task(f"  {self._name(run)}", total=total, completed=start_step,

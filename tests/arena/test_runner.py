@@ -155,3 +155,10 @@ def test_a_run_checkpoints_and_stops_when_the_runner_is_killed(tmp_path, fake_py
         assert time.time() < deadline, "the orphaned run did not get SIGTERM"
         time.sleep(0.05)
     assert not (first.directory / "summary.json").exists()
+
+
+def test_a_run_that_cannot_start_fails_alone(tmp_path):
+    runs = plan(tmp_path / "out", seeds=1)
+    outcome, text = run_all(runs, str(tmp_path / "no-such-python"))
+    assert [code for _, code in outcome.failed] == [-1, -1] and outcome.exit_code == 1
+    assert "could not start" in text and "could not start" in (runs[0].directory / "train.log").read_text()
