@@ -6,6 +6,7 @@ Prints one JSON line. For each engine variant (run round-robin, medians over rep
   full_rollout_s      128 × 64 tokens with EOS disabled (every row runs to the end)
   ms_per_decode_step  (full_rollout_s − prefill) / 63 decode steps at batch 128
   prefill_ms          the prompt forward (all rows for `reference`, distinct prompts for the engine)
+Each also as CPU time (`*_cpu*`): on a shared machine, compare variants by CPU time at --threads 1.
 Variants: `auto` (the engine's default), `static` / `dynamic` (its two decode paths), `compiled`
 (static + torch.compile; its first call, compile included, is reported as compile_s), and `reference`
 (the engine before this work: every row prefilled, HF forward with DynamicCache, rows dropped at every EOS).
@@ -81,8 +82,9 @@ def _engine(variant: str, model, eos: list[int], pad_id: int, dtype):
                     compile=variant == "compiled")
 
 
-def _prefill_seconds(variant, model, prompts, repeats=5) -> float:
-    def run():
+def _prefill_seconds(variant, model, prompts, repeats=5) -> tuple[float, float]:
+    """Median (wall, CPU) seconds of the prompt forward alone."""
+    def run(_):
         with torch.inference_mode():
             if variant == "reference":
                 P = max(len(p) for p in prompts)
@@ -92,12 +94,8 @@ def _prefill_seconds(variant, model, prompts, repeats=5) -> float:
                       logits_to_keep=1)
             else:
                 prefill(model, distinct_prompts(prompts, 0, torch.device("cpu")))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    wall, cpu = workload.interleaved_seconds({"prefill": run}, repeats)
+    return workload.summary(wall["prefill"])["median"], workload.summary(cpu["prefill"])["median"]
 
 
 def main(argv=None) -> None:
@@ -138,20 +136,25 @@ def main(argv=None) -> None:
         variants[name] = rollout(name)
         variants[name + "/full"] = (lambda n: lambda r: full_engines[n].generate(
             prompts, params, rng=torch.Generator().manual_seed(r + 1)))(name)
-    seconds = workload.interleaved_seconds(variants, args.repeats)
+    seconds, cpu_seconds = workload.interleaved_seconds(variants, args.repeats)
     results = {}
     for name in names:
         rollout_s = workload.summary(seconds[name])["median"]
         full_s = workload.summary(seconds[name + "/full"])["median"]
-        prefill_s = _prefill_seconds(name, engines[name].model if name != "reference" else model, prompts)
+        prefill_s, prefill_cpu_s = _prefill_seconds(name, engines[name].model if name != "reference" else model,
+                                                    prompts)
+        full_cpu_s = workload.summary(cpu_seconds[name + "/full"])["median"]
         results[name] = {
             "rollout_s": round(rollout_s, 4), "rollout_s_min": round(min(seconds[name]), 4),
             "tokens_per_s": round(sum(generated[name]) / len(generated[name]) / rollout_s, 1),
             "rollout_s_max": round(max(seconds[name]), 4),
+            "rollout_cpu_s": round(workload.summary(cpu_seconds[name])["median"], 4),
             "mean_response_tokens": round(sum(generated[name]) / len(generated[name]) / len(prompts), 2),
             "full_rollout_s": round(full_s, 4),
+            "full_rollout_cpu_s": round(full_cpu_s, 4),
             "ms_per_decode_step": round((full_s - prefill_s) / (params.max_new_tokens - 1) * 1e3, 3),
-            "prefill_ms": round(prefill_s * 1e3, 2),
+            "ms_per_decode_step_cpu": round((full_cpu_s - prefill_cpu_s) / (params.max_new_tokens - 1) * 1e3, 3),
+            "prefill_ms": round(prefill_s * 1e3, 2), "prefill_cpu_ms": round(prefill_cpu_s * 1e3, 2),
         }
         if name in compile_s:
             results[name]["compile_s"] = round(compile_s[name] - rollout_s, 2)

