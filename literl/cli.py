@@ -1,7 +1,8 @@
 """`literl <command>`: the command-line entry point.
 
-Each command lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`, and is
-imported only when used, so `literl --help` stays fast.
+Each command lives in its own module exposing `add_arguments(parser)` and `run(args) -> int` (or
+`add_<command>_arguments` / `run_<command>` when one module serves several commands), and is imported only
+when used, so `literl --help` stays fast. Options may sit anywhere among key=value overrides.
 """
 
 from __future__ import annotations
@@ -21,44 +22,40 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="literl",
-        description="Reinforcement learning for LLM reasoning, where every RL trick is one switch.",
-        epilog="Run `literl <command> --help` for a command's options. With no command, `literl train` runs.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.set_defaults(_module=module_name)
-        _lazy_arguments(p, module_name, name)
-    return parser
+def top_level_help() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: literl <command> [options] [key=value ...]", "",
+             "Reinforcement learning for LLM reasoning, where every RL trick is one switch.", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    lines += ["", "With no command, `literl train` runs. `literl <command> --help` shows a command's options."]
+    return "\n".join(lines)
 
 
-def _lazy_arguments(parser: argparse.ArgumentParser, module_name: str, name: str) -> None:
-    # Importing every command module would import torch for `literl --help`; only the chosen one is loaded.
-    if name in _requested_command():
-        module = importlib.import_module(module_name)
-        add = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
-        add(parser)
-
-
-def _requested_command() -> set[str]:
-    args = [a for a in sys.argv[1:] if not a.startswith("-")]
-    return {args[0]} if args else {"train"}
+def command_parser(name: str):
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"literl {name}", description=help_text,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
+    add(parser)
+    run = getattr(module, f"run_{name}", None) or module.run
+    return parser, run
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
-    argv = sys.argv[1:]
-    if not argv or argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
-        sys.argv = [sys.argv[0], "train", *argv]
-    parser = build_parser()
-    args = parser.parse_args(sys.argv[1:])
-    module = importlib.import_module(args._module)
-    run = getattr(module, f"run_{args.command}", None) or module.run
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(top_level_help())
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        argv = ["train", *argv]
+    name, rest = argv[0], argv[1:]
+    parser, run = command_parser(name)
+    try:
+        args = parser.parse_intermixed_args(rest)
+    except TypeError:                       # a command whose arguments argparse cannot intermix
+        args = parser.parse_args(rest)
+    args.command = name
     try:
         return int(run(args) or 0)
     except KeyboardInterrupt:

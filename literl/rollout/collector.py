@@ -19,6 +19,19 @@ from literl.ops import group_mean_std
 from literl.rollout.generator import Generator, SamplingParams
 
 
+MAX_TIERS = 12      # a per-tier curve only makes sense for a few categories
+
+
+def difficulty_label(problem: dict) -> str:
+    """The difficulty category of a problem, for per-tier reward statistics: its `difficulty` field (the
+    testbed's operation count), else `tier`, else `level` (MATH); '' when it has none."""
+    for key in ("difficulty", "tier", "level"):
+        value = problem.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return ""
+
+
 class PromptStream:
     """Endless shuffled passes over the training problems; its position is part of a checkpoint."""
 
@@ -192,8 +205,8 @@ class Collector:
             "time/generate": sum(r.seconds["generate"] for r in rounds),
             "time/reward": sum(r.seconds["reward"] for r in rounds),
         }
-        tiers = [str(self.problems[i].get("tier", "")) for r in rounds for i in r.problem_index]
-        for tier in sorted(set(tiers) - {""}):
+        tiers = [difficulty_label(self.problems[i]) for r in rounds for i in r.problem_index]
+        for tier in sorted(set(tiers) - {""})[:MAX_TIERS]:
             in_tier = torch.tensor([t == tier for t in tiers]) & first
             metrics[f"groups/reward_std/{tier}"] = float(std_reward[in_tier].mean())
         sizes = [len(r.problem_index) for r in rounds]

@@ -172,7 +172,8 @@ def _point_latest(run_dir: Path) -> None:
 
 def _warn_config_changes(old: Config, new: Config, console: Console) -> None:
     old_d, new_d = _flatten(_as_dict(old)), _flatten(_as_dict(new))
-    ignored = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.output_dir", "eval.")
+    ignored = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.output_dir", "trainer.threads",
+               "eval.")
     changed = [k for k in sorted(set(old_d) | set(new_d))
                if old_d.get(k) != new_d.get(k) and not k.startswith(ignored)]
     if changed:

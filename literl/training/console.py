@@ -54,7 +54,7 @@ class Console:
             self._progress.update(self._task, completed=step, metrics=_fmt(metrics))
         elif self.enabled and (step % self.plain_every == 0 or step == self._total or step == 1):
             elapsed = time.perf_counter() - self._started
-            self.rich.print(f"step {step}/{self._total}  {_fmt(metrics)}  [{elapsed:.0f}s]", highlight=False)
+            self.rich.print(f"step {step}/{self._total}  {_fmt(metrics)}  [{elapsed:.0f}s]", highlight=False, markup=False)
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -63,14 +63,14 @@ class Console:
 
     def note(self, text: str) -> None:
         if self.enabled:
-            self.rich.print(f"[literl] {text}", highlight=False)
+            self.rich.print(f"[literl] {text}", highlight=False, markup=False)
 
     def note_eval(self, tag: str, step: int, results: dict) -> None:
         if not self.enabled:
             return
         shown = ", ".join(f"{k} {v:.3f}" for k, v in results.items()
                           if isinstance(v, float) and ("accuracy" in k))
-        self.rich.print(f"[literl] eval {tag} (step {step}): {shown}", highlight=False)
+        self.rich.print(f"[literl] eval {tag} (step {step}): {shown}", highlight=False, markup=False)
 
     @contextmanager
     def sub_progress(self, description: str, total: int):
@@ -105,4 +105,5 @@ class Console:
             change = f"{(a - b) * 100:+.1f} pts" if isinstance(b, float) else ""
             table.add_row(key, f"{b:.3f}" if isinstance(b, float) else "–", f"{a:.3f}", change)
         self.rich.print(table)
-        self.rich.print(f"[literl] run directory: {run_dir}   wall time: {wall_seconds / 60:.1f} min", highlight=False)
+        self.rich.print(f"[literl] run directory: {run_dir}   wall time: {wall_seconds / 60:.1f} min", highlight=False,
+                        markup=False)

@@ -189,6 +189,7 @@ class Trainer:
         path = latest_checkpoint(p.run_dir)
         if path is None:
             p.console.note(f"trainer.resume=true but {p.run_dir} has no checkpoint yet: starting from step 0")
+            p.log.truncate_after(0)     # records of an attempt that never checkpointed are redone
             return
         state = load_checkpoint(path, p.policy)
         p.optimizer.load_state_dict(state["optimizer"])
