@@ -98,6 +98,52 @@ def _prefill_seconds(variant, model, prompts, repeats=5) -> tuple[float, float]:
     return workload.summary(wall["prefill"])["median"], workload.summary(cpu["prefill"])["median"]
 
 
+def _measure(names, engines, full_engines, model, prompts, params, repeats) -> dict:
+    """Round-robin timings of every variant (rollout and full-length), summarised per variant."""
+    compile_s, generated = {}, {n: [] for n in names}
+    for name in names:   # warm-up; the first call of the compiled variant includes compilation
+        start = time.perf_counter()
+        engines[name].generate(prompts, params, rng=torch.Generator().manual_seed(0))
+        if name == "compiled":
+            compile_s[name] = time.perf_counter() - start
+        full_engines[name].generate(prompts, params, rng=torch.Generator().manual_seed(0))
+
+    def rollout(name):
+        def run(r):
+            out = engines[name].generate(prompts, params, rng=torch.Generator().manual_seed(r + 1))
+            generated[name].append(int(out.mask_BT.sum() if hasattr(out, "mask_BT") else out.sum()))
+        return run
+
+    def full(name):
+        return lambda r: full_engines[name].generate(prompts, params, rng=torch.Generator().manual_seed(r + 1))
+
+    variants = {key: run for name in names for key, run in ((name, rollout(name)), (name + "/full", full(name)))}
+    wall, cpu = workload.interleaved_seconds(variants, repeats)
+    median = lambda times, key: workload.summary(times[key])["median"]   # noqa: E731
+    steps = params.max_new_tokens - 1
+    results = {}
+    for name in names:
+        prefill_s, prefill_cpu_s = _prefill_seconds(name, model if name == "reference" else engines[name].model,
+                                                    prompts)
+        tokens = sum(generated[name]) / len(generated[name])
+        results[name] = {
+            "rollout_s": round(median(wall, name), 4), "rollout_s_min": round(min(wall[name]), 4),
+            "rollout_s_max": round(max(wall[name]), 4), "rollout_cpu_s": round(median(cpu, name), 4),
+            "tokens_per_s": round(tokens / median(wall, name), 1),
+            "mean_response_tokens": round(tokens / len(prompts), 2),
+            "full_rollout_s": round(median(wall, name + "/full"), 4),
+            "full_rollout_cpu_s": round(median(cpu, name + "/full"), 4),
+            "ms_per_decode_step": round((median(wall, name + "/full") - prefill_s) / steps * 1e3, 3),
+            "ms_per_decode_step_cpu": round((median(cpu, name + "/full") - prefill_cpu_s) / steps * 1e3, 3),
+            "prefill_ms": round(prefill_s * 1e3, 2), "prefill_cpu_ms": round(prefill_cpu_s * 1e3, 2),
+        }
+        if name in compile_s:
+            results[name]["compile_s"] = round(compile_s[name] - median(wall, name), 2)
+        if name != "reference":
+            results[name]["static_kv"] = engines[name].uses_static_kv
+    return results
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", default="auto", help="comma list of auto,static,dynamic,compiled,reference")
@@ -116,50 +162,7 @@ def main(argv=None) -> None:
     names = args.variants.split(",")
     engines = {n: _engine(n, model, eos, pad, dtype) for n in names}
     full_engines = {n: _engine(n, model, NO_EOS, pad, dtype) for n in names}
-    compile_s = {}
-    for name in names:   # warm-up; the first call of the compiled variant includes compilation
-        start = time.perf_counter()
-        engines[name].generate(prompts, params, rng=torch.Generator().manual_seed(0))
-        if name == "compiled":
-            compile_s[name] = time.perf_counter() - start
-        full_engines[name].generate(prompts, params, rng=torch.Generator().manual_seed(0))
-    generated = {n: [] for n in names}
-
-    def rollout(name):
-        def run(r):
-            out = engines[name].generate(prompts, params, rng=torch.Generator().manual_seed(r + 1))
-            generated[name].append(int(out.mask_BT.sum() if hasattr(out, "mask_BT") else out.sum()))
-        return run
-
-    variants = {}
-    for name in names:
-        variants[name] = rollout(name)
-        variants[name + "/full"] = (lambda n: lambda r: full_engines[n].generate(
-            prompts, params, rng=torch.Generator().manual_seed(r + 1)))(name)
-    seconds, cpu_seconds = workload.interleaved_seconds(variants, args.repeats)
-    results = {}
-    for name in names:
-        rollout_s = workload.summary(seconds[name])["median"]
-        full_s = workload.summary(seconds[name + "/full"])["median"]
-        prefill_s, prefill_cpu_s = _prefill_seconds(name, engines[name].model if name != "reference" else model,
-                                                    prompts)
-        full_cpu_s = workload.summary(cpu_seconds[name + "/full"])["median"]
-        results[name] = {
-            "rollout_s": round(rollout_s, 4), "rollout_s_min": round(min(seconds[name]), 4),
-            "tokens_per_s": round(sum(generated[name]) / len(generated[name]) / rollout_s, 1),
-            "rollout_s_max": round(max(seconds[name]), 4),
-            "rollout_cpu_s": round(workload.summary(cpu_seconds[name])["median"], 4),
-            "mean_response_tokens": round(sum(generated[name]) / len(generated[name]) / len(prompts), 2),
-            "full_rollout_s": round(full_s, 4),
-            "full_rollout_cpu_s": round(full_cpu_s, 4),
-            "ms_per_decode_step": round((full_s - prefill_s) / (params.max_new_tokens - 1) * 1e3, 3),
-            "ms_per_decode_step_cpu": round((full_cpu_s - prefill_cpu_s) / (params.max_new_tokens - 1) * 1e3, 3),
-            "prefill_ms": round(prefill_s * 1e3, 2), "prefill_cpu_ms": round(prefill_cpu_s * 1e3, 2),
-        }
-        if name in compile_s:
-            results[name]["compile_s"] = round(compile_s[name] - rollout_s, 2)
-        if name != "reference":
-            results[name]["static_kv"] = engines[name].uses_static_kv
+    results = _measure(names, engines, full_engines, model, prompts, params, args.repeats)
     head = results[names[0]]
     workload.print_json({
         "benchmark": "engine_speed", "variant": names[0], "rollout_s": head["rollout_s"],
