@@ -70,6 +70,9 @@ class RolloutConfig:
                                  "training–inference mismatch to study IS corrections on CPU)")
     max_rounds: int = knob(1, "sampling rounds per step; >1 lets a group filter (dynamic sampling) refill "
                               "the batch")
+    decode: str = knob("auto", "decode path: auto (static KV cache when the model's structure allows it) | "
+                               "static | dynamic (the model's own forward with a growing cache)")
+    compile: bool = knob(False, "torch.compile the static decode step (about 15 s once; pays off on long runs)")
 
 
 @dataclass

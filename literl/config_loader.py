@@ -28,6 +28,7 @@ MULTI_TRICKS = {"loss_masks": "loss_mask", "reward_shaping": "reward_shaping"}
 CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "rollout.dtype": ("float32", "bfloat16"),
+    "rollout.decode": ("auto", "static", "dynamic"),
     "optim.schedule": ("constant", "linear", "cosine"),
     "trainer.recompute_old_logp": ("auto", "always"),
     "trainer.device": ("auto", "cpu", "cuda"),

@@ -83,7 +83,8 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     objective = Objective.from_config(cfg)
     pad_id = pad_token_id(tokenizer)
     engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
-                      dtype=DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None)
+                      dtype=DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None,
+                      decode=cfg.rollout.decode, compile=cfg.rollout.compile)
     reference = None
     if objective.needs_reference:
         reference = _reference_model(cfg, policy, device)

@@ -115,7 +115,8 @@ class Trainer:
             for micro in minibatch.micro_batches(cfg.trainer.micro_batch_tokens):
                 logp_BT, entropy_BT = token_logprobs(
                     p.policy, micro.tokens_BL.to(p.device), micro.prompt_len_B.to(p.device),
-                    micro.response_ids_BT.shape[1], temperature=cfg.rollout.temperature, with_entropy=True)
+                    micro.response_ids_BT.shape[1], temperature=cfg.rollout.temperature, with_entropy=True,
+                    mask_BT=micro.mask_BT.to(p.device))
                 out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT)
                 out.loss.backward()
                 acc.add(out.metrics, weight=out.num_loss_tokens)
@@ -128,6 +129,7 @@ class Trainer:
             acc.add({"optim/grad_norm": grad_norm, "optim/lr": p.scheduler.get_last_lr()[0]})
             p.optimizer.step()
             p.scheduler.step()
+        p.policy.eval()     # sampling and log-prob passes run without dropout
         return acc.result()
 
     def _clip_gradients(self) -> float:
@@ -149,7 +151,8 @@ class Trainer:
             idx = rows[start:start + step]
             part = batch.select(idx).trimmed()
             logp, _ = token_logprobs(model, part.tokens_BL.to(self.parts.device), part.prompt_len_B.to(self.parts.device),
-                                     part.response_ids_BT.shape[1], temperature=self.cfg.rollout.temperature)
+                                     part.response_ids_BT.shape[1], temperature=self.cfg.rollout.temperature,
+                                     mask_BT=part.mask_BT.to(self.parts.device))
             out[idx, :logp.shape[1]] = logp.float().cpu()
         return torch.where(batch.mask_BT, out, torch.zeros_like(out))[:, :T]
 
