@@ -26,7 +26,7 @@ import transformers
 from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
 
 from literl.testbed.measure import PolicyMeasurement, measure_policy
-from literl.testbed.model import build_model, count_parameters, save_model_dir
+from literl.testbed.model import build_model, count_parameters, load_model_dir, save_model_dir
 from literl.testbed.progress import BuildProgress
 from literl.testbed.recipes import (ALIGNMENT_DATA_SEED_OFFSET, CODE_VERSION, EXTENSION_DATA_SEED_OFFSET,
                                     SEED_RETRY_STRIDE, TestbedRecipe)
@@ -137,7 +137,7 @@ def build_testbed(recipe: TestbedRecipe, out_dir: Path, *, progress: BuildProgre
             base_manifest = None
         else:
             base_manifest = read_manifest(base_dir)
-            model = Qwen3ForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+            model = load_model_dir(base_dir)
             seed, history = base_manifest["seed_used"], []
             steps = align(model, recipe, tokenizer, seed, progress)
             history.append(_check("alignment", seed, steps, _validate(model, tokenizer, recipe, validation),

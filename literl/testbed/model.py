@@ -7,6 +7,8 @@ trainer needs no testbed-specific code path.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,14 +70,34 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def save_model_dir(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
-    """Write weights, config, generation config and tokenizer into `path` (Hugging Face layout)."""
-    # transformers' own "Writing model shards" bar would interleave with the build's progress bar.
-    bars_were_enabled = hf_logging.is_progress_bar_enabled()
+@contextlib.contextmanager
+def quiet_transformers_bars():
+    """Silence transformers' own tqdm bars ("Loading weights", "Writing model shards"), which would
+    interleave with the build's progress bar; restores the previous setting."""
+    were_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model.save_pretrained(path, safe_serialization=True)
+        yield
     finally:
-        if bars_were_enabled:
+        if were_enabled:
             hf_logging.enable_progress_bar()
+
+
+def load_model_dir(path: Path) -> Qwen3ForCausalLM:
+    """A built testbed's float32 model."""
+    with quiet_transformers_bars():
+        return Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def save_model_dir(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+    """Write weights, config, generation config and tokenizer into `path` (Hugging Face layout)."""
+    with quiet_transformers_bars():
+        model.save_pretrained(path, safe_serialization=True)
+    tokenizer.model_max_length = model.config.max_position_embeddings
     tokenizer.save_pretrained(path)
+    # transformers 5 writes its own class name, which transformers 4 (and vLLM pinned to it) cannot
+    # resolve; the generic fast-tokenizer name loads under both.
+    config_path = Path(path) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2) + "\n")

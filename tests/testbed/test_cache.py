@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 
@@ -45,6 +46,8 @@ def test_micro_loads_with_auto_classes_and_generates(micro_dir):
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id) == (0, 1, 2)
     assert (model.config.pad_token_id, model.config.eos_token_id, model.config.bos_token_id) == (0, 1, 2)
     assert model.config.vocab_size == len(tokenizer) == 100
+    # a class name transformers 4 (and vLLM on it) can resolve too
+    assert json.loads((folder / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
     prompt = tokenizer("What is 3+4?\n", add_special_tokens=False)["input_ids"]
     engine = HFEngine(model, eos_token_ids=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id)
     out = engine.generate([prompt, prompt], SamplingParams(max_new_tokens=8), rng=torch.Generator().manual_seed(0))
