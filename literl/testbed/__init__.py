@@ -8,7 +8,7 @@ in 0-99), with step-by-step worked solutions, one step per line, ending in `\\bo
     response "4*5=20\\n3+20=23\\n23-2=21\\n\\\\boxed{21}" then EOS
 
 Model (`model`): a stock `transformers` Qwen3 (hidden 128, 4 layers, ~0.8 M parameters) with a 100-token
-character tokenizer (pad 0, eos 1, bos 2), warmed up by SFT on solutions in which 15% of the steps
+character tokenizer (pad 0, eos 1, bos 2), warmed up by SFT on solutions in which 20% of the steps
 carry a slip, so it starts imperfect (held-out sampled accuracy ~30-60%, greedy higher) and RL has
 room. Variants: "base", "aligned" (base + clean SFT: lower entropy, higher accuracy), "micro" (tests).
 

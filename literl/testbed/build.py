@@ -148,7 +148,8 @@ def build_testbed(recipe: TestbedRecipe, out_dir: Path, *, progress: BuildProgre
         save_model_dir(model, tokenizer, out_dir)
     manifest = _manifest(recipe, tokenizer, model, seed, history, heldout, time.monotonic() - started)
     if base_manifest is not None:
-        manifest["base"] = {"folder": base_manifest["folder"], "heldout": base_manifest["heldout"]}
+        # build_seconds above counts this folder's phases only; the base's own build time is here
+        manifest["base"] = {key: base_manifest[key] for key in ("folder", "build_seconds", "heldout")}
     (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     progress.note(f"held-out ({m.heldout_problems} problems): sampled accuracy {heldout.sampled_accuracy:.1%} "
                   f"(T=1, {m.samples_per_problem} samples each), greedy {heldout.greedy_accuracy:.1%}, "
