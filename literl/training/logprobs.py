@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from literl.training import shared_prompts
+
 # Accelerators: logits per tile (fp32 elements); 2^25 is 128 MB, two of which are alive at once in backward.
 DEFAULT_CHUNK_LOGITS = 1 << 25
 # CPU: vocabulary columns per tile, at least this many tokens, and about this many logits (4 MB) per tile.
@@ -74,7 +76,7 @@ def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B
         hidden_NH = hidden_BLH.gather(1, pos_BT[:, :, None].expand(-1, -1, hidden_BLH.shape[-1])).flatten(0, 1)
         target_N = target_BT.flatten()
     else:
-        hidden_NH = _response_hidden_by_length(model.get_decoder(), tokens_BL, pos_BT, valid_BT)
+        hidden_NH = _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT)
         target_N = target_BT[valid_BT]
     tiling = Tiling.default(head.out_features, device, chunk_tokens=chunk_tokens, vocab_block=vocab_block)
     logp_N, entropy_N = ChunkedHeadLogprobs.apply(hidden_NH, head.weight, head.bias, target_N,
@@ -82,6 +84,16 @@ def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B
     logp_BT = _scatter_rows(logp_N, valid_BT, mask_BT is None)
     entropy_BT = _scatter_rows(entropy_N, valid_BT, mask_BT is None) if with_entropy else None
     return logp_BT, entropy_BT
+
+
+def _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT) -> torch.Tensor:
+    """Hidden states at the real response positions (valid_BT's True entries, row-major): a prompt that several
+    rows share runs once (`shared_prompts`), else whole rows run, grouped by length."""
+    prompts = shared_prompts.shared_prompts(tokens_BL, prompt_len_B)
+    if prompts is not None and shared_prompts.matches_plain_forward(model):
+        return shared_prompts.response_hidden(model.get_decoder(), tokens_BL, prompt_len_B, valid_BT, prompts,
+                                              buckets=length_buckets)
+    return _response_hidden_by_length(model.get_decoder(), tokens_BL, pos_BT, valid_BT)
 
 
 def _response_hidden_by_length(decoder, tokens_BL, pos_BT, valid_BT) -> torch.Tensor:

@@ -1,0 +1,103 @@
+"""Rows that share a prompt: the prompt runs once, and log-probs, entropies and gradients stay those of the
+plain full-row computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from literl.training import logprobs, shared_prompts
+from literl.training.logprobs import token_logprobs
+from tests.conftest import build_tiny_qwen3
+from tests.training.test_logprobs import _direct, _loss_grads
+
+
+def _grouped_batch(prompts, response_lens, vocab=100, seed=0):
+    """Right-padded rows: prompt i (a list of ids) repeated for each response length in response_lens[i]."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [(p, n) for p, lengths in zip(prompts, response_lens) for n in lengths]
+    L = max(len(p) + n for p, n in rows)
+    T = max(n for _, n in rows)
+    tokens_BL = torch.zeros(len(rows), L, dtype=torch.long)
+    mask_BT = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, (p, n) in enumerate(rows):
+        tokens_BL[b, :len(p)] = torch.tensor(p)
+        tokens_BL[b, len(p):len(p) + n] = torch.randint(3, vocab, (n,), generator=g)
+        mask_BT[b, :n] = True
+    return tokens_BL, torch.tensor([len(p) for p, _ in rows]), T, mask_BT
+
+
+def _spy_on_shared_path(monkeypatch, model) -> list:
+    """Sizes of the distinct-prompt sets the shared path ran on (after the model's one-off probe)."""
+    shared_prompts.matches_plain_forward(model)
+    calls = []
+    original = shared_prompts.response_hidden
+
+    def spy(*args, **kwargs):
+        calls.append(args[4].ids_UP.shape[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(shared_prompts, "response_hidden", spy)
+    return calls
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prompts_match_full_rows_values_and_grads(monkeypatch, temperature):
+    """Three prompts of different lengths (left padding in the shared cache), groups of uneven response lengths,
+    a one-token response (predicted from the prompt alone) and an empty one."""
+    model = build_tiny_qwen3(seed=5)
+    calls = _spy_on_shared_path(monkeypatch, model)
+    tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch(
+        [[5, 6, 7, 8], [9, 10], [11, 12, 13]], [[6, 1, 3], [4, 4], [0, 7, 2, 5]])
+    ref_logp, ref_ent = _direct(model, tokens_BL, prompt_len_B, T, temperature)
+    ref_grads = _loss_grads(model, ref_logp, ref_ent, mask_BT)
+
+    logp, ent = token_logprobs(model, tokens_BL, prompt_len_B, T, temperature=temperature, with_entropy=True,
+                               mask_BT=mask_BT)
+    assert calls == [3]
+    torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent[mask_BT], ref_ent[mask_BT], rtol=0, atol=1e-5)
+    assert (logp[~mask_BT] == 0).all()
+    for name, grad in _loss_grads(model, logp, ent, mask_BT).items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_buckets_in_any_order_land_on_their_rows(monkeypatch):
+    """Every row in its own response forward, in reverse order: results still land on the right rows."""
+    monkeypatch.setattr(logprobs, "length_buckets",
+                        lambda length_B: [torch.tensor([b]) for b in reversed(range(len(length_B)))])
+    model = build_tiny_qwen3(seed=7)
+    tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch([[4, 5, 6], [7, 8, 9, 10]], [[2, 5], [3, 1, 6]])
+    ref_logp, _ = _direct(model, tokens_BL, prompt_len_B, T, 1.0)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, tokens_BL, prompt_len_B, T, mask_BT=mask_BT)
+    torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
+
+
+def test_distinct_prompts_take_the_plain_path(monkeypatch):
+    model = build_tiny_qwen3(seed=8)
+    calls = _spy_on_shared_path(monkeypatch, model)
+    tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch([[4, 5], [6, 7]], [[3], [2]])
+    with torch.no_grad():
+        token_logprobs(model, tokens_BL, prompt_len_B, T, mask_BT=mask_BT)
+    assert calls == []
+
+
+def test_a_decoder_that_rejects_a_cache_takes_the_plain_path(monkeypatch):
+    """The once-per-model probe fails (the decoder raises on past_key_values), so whole rows run."""
+    model = build_tiny_qwen3(seed=9)
+    decoder_forward = model.model.forward
+
+    def no_cache(*args, past_key_values=None, **kwargs):
+        if past_key_values is not None:
+            raise TypeError("this decoder takes no cache")
+        return decoder_forward(*args, **kwargs)
+
+    monkeypatch.setattr(model.model, "forward", no_cache)
+    calls = _spy_on_shared_path(monkeypatch, model)
+    tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch([[4, 5, 6]], [[3, 5]])
+    ref_logp, _ = _direct(model, tokens_BL, prompt_len_B, T, 1.0)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, tokens_BL, prompt_len_B, T, mask_BT=mask_BT)
+    assert calls == [] and not shared_prompts.matches_plain_forward(model)
+    torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
