@@ -1,0 +1,295 @@
+"""Full RL step speed: literl against TRL's GRPOTrainer on the same model and workload, in one process.
+
+Workload (benchmarks/workload.py): a random-init (seed 0) fp32 Qwen3 (hidden 256, 4 layers, 4 heads, 2 KV
+heads, head dim 64, FFN 768, tied embeddings, the 100-token character tokenizer), 16 testbed arithmetic
+prompts × 8 samples = 128 responses of up to 64 new tokens at temperature 1.0, reward = the fraction of digit
+characters in the response (it varies within groups, so every response is trained on), no reference model,
+one on-policy AdamW step per rollout batch, 2 torch threads.
+
+Modes (each prints one JSON line on stdout; progress goes to stderr):
+  (default)  literl's full step (rollout, reward, advantages, update, weight sync; `Trainer._train_step`),
+             TRL's optimizer step (gradient checkpointing off, then TRL's default on), the matmul rate and
+             FLOP floor (benchmarks/flop_floor.py). After `--warmup` steps, each timed TRL step is followed by
+             one literl step and one matmul-rate sample, so that load from other processes hits all alike.
+             Medians of wall time (the headline) and CPU time (steadier on a shared machine).
+  --sweep    literl alone over group size (4, 8, 16) × response length (64, 128, 256): seconds per generated
+             token for each (it should stay about flat).
+  --memory   one full literl step at Qwen's vocabulary (151,936), 64 responses × 512 tokens, in a fresh child
+             process: its peak memory (peak RSS on CPU, max allocated on CUDA).
+
+    python benchmarks/step_speed.py                  # the comparison (about 2 minutes on 2 idle cores)
+    python benchmarks/step_speed.py --sweep
+    python benchmarks/step_speed.py --memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import flop_floor  # noqa: E402
+import workload  # noqa: E402
+from step_literl import LiterlStepper  # noqa: E402
+
+TARGET_TRL_RATIO = 0.6
+TARGET_FLOOR_RATIO = 1.5
+MEMORY_LIMIT_GIB = 6.0
+SWEEP_GROUPS = (4, 8, 16)
+SWEEP_LENGTHS = (64, 128, 256)
+GIB = 1024 ** 3
+
+
+def log(message: str) -> None:
+    print(f"[step_speed] {message}", file=sys.stderr, flush=True)
+
+
+def problems(prompts_per_step: int = workload.PROMPTS_PER_STEP) -> list[dict]:
+    """The benchmark's prompts: the same testbed problems `workload.rollout_prompts` encodes."""
+    from literl.testbed.tasks import train_problems
+
+    return train_problems(prompts_per_step, seed=0)
+
+
+def median_record(records: list[dict]) -> dict[str, float]:
+    """Per-key medians over steps (plus min/max and count of the step time)."""
+    out = {key: statistics.median(r[key] for r in records) for key in records[0]}
+    out.update(step_s_min=min(r["step_s"] for r in records), step_s_max=max(r["step_s"] for r in records),
+               steps=len(records))
+    out["seconds_per_generated_token"] = out["step_s"] / max(out["generated_tokens"], 1.0)
+    return {key: round(value, 4) if isinstance(value, float) else value for key, value in out.items()}
+
+
+# ------------------------------------------------------------------------------------------------ comparison
+def _trl_installed() -> bool:
+    return importlib.util.find_spec("trl") is not None
+
+
+def _run_trl(args, literl: LiterlStepper, rate: flop_floor.MatmulRate, literl_records: list[dict], *,
+             gradient_checkpointing: bool) -> tuple[list[dict], dict]:
+    """TRL's steps, each timed one followed by one literl step and a matmul-rate sample."""
+    from step_trl import TrlRun
+
+    model, tokenizer = workload.build_model()
+    run = TrlRun(model, tokenizer, problems(), group_size=workload.GROUP_SIZE,
+                 max_new_tokens=workload.MAX_NEW_TOKENS, steps=args.warmup + args.steps,
+                 gradient_checkpointing=gradient_checkpointing)
+
+    def interleave():
+        step = len(run.records)
+        log(f"TRL (gradient checkpointing {'on' if gradient_checkpointing else 'off'}) step {step}: "
+            f"{run.records[-1]['step_s']:.2f} s")
+        if step > args.warmup:
+            literl_records.append(literl.step())
+            rate.measure()
+            log(f"literl step: {literl_records[-1]['step_s']:.2f} s")
+
+    run.between_steps = interleave
+    records = run.train()[args.warmup:]
+    settings = run.settings
+    run.close()
+    return records, settings
+
+
+def _literl_only(args, literl: LiterlStepper, rate: flop_floor.MatmulRate, literl_records: list[dict]) -> None:
+    for _ in range(args.steps):
+        literl_records.append(literl.step())
+        rate.measure()
+        log(f"literl step: {literl_records[-1]['step_s']:.2f} s")
+
+
+def _floor(rate: flop_floor.MatmulRate, literl_summary: dict) -> dict:
+    rates = rate.summary()
+    kwargs = dict(rate_generate=rates["rate_generate_gflops"] * 1e9, rate_train=rates["rate_train_gflops"] * 1e9)
+    generated, trained = literl_summary["generated_tokens"], literl_summary["trained_tokens"]
+    floor_s = flop_floor.floor_seconds(rate.n_params, generated, trained, **kwargs)
+    return {
+        "floor_s": round(floor_s, 4), "n_params": rate.n_params,
+        "generated_tokens": generated, "trained_tokens": trained,
+        "rate_gflops": round(flop_floor.combined_rate(rate.n_params, generated, trained, **kwargs) / 1e9, 1),
+        "rate_generate_gflops": round(rates["rate_generate_gflops"], 1),
+        "rate_train_gflops": round(rates["rate_train_gflops"], 1), "rate_samples": rates["samples"],
+        "decode_rows": rate.decode_rows, "train_rows": rate.train_tokens,
+    }
+
+
+def compare(args) -> dict:
+    workload.set_threads(args.threads)
+    model, tokenizer = workload.build_model()
+    literl = LiterlStepper(model, tokenizer, problems(), threads=args.threads, group_size=workload.GROUP_SIZE,
+                           max_new_tokens=workload.MAX_NEW_TOKENS)
+    warm = [literl.step() for _ in range(args.warmup)]
+    log("literl warm-up steps: " + ", ".join(f"{r['step_s']:.2f}" for r in warm) + " s")
+    rate = flop_floor.MatmulRate(flop_floor.matmul_weight_shapes(model),
+                                 decode_rows=workload.PROMPTS_PER_STEP * workload.GROUP_SIZE,
+                                 train_tokens=int(statistics.median(r["trained_tokens"] for r in warm)))
+    rate.measure()
+    literl_records: list[dict] = []
+    result: dict = {}
+    if _trl_installed() and not args.no_trl:
+        import trl
+
+        trl_records, settings = _run_trl(args, literl, rate, literl_records, gradient_checkpointing=False)
+        result["trl"] = {"version": trl.__version__, **median_record(trl_records), "config": settings}
+        if not args.no_trl_checkpointing:
+            gc_records, gc_settings = _run_trl(args, literl, rate, literl_records, gradient_checkpointing=True)
+            result["trl_gradient_checkpointing"] = {**median_record(gc_records), "config": gc_settings}
+    else:
+        _literl_only(args, literl, rate, literl_records)
+    literl.close()
+    result = {"literl": median_record(literl_records), **result}
+    result["floor"] = _floor(rate, result["literl"])
+    return result
+
+
+def _ratios(result: dict) -> dict:
+    literl, floor = result["literl"], result["floor"]
+    ratios = {"literl_over_floor": round(literl["step_s"] / floor["floor_s"], 3)}
+    for name in ("trl", "trl_gradient_checkpointing"):
+        if name in result:
+            suffix = "" if name == "trl" else "_gradient_checkpointing"
+            ratios[f"literl_over_trl{suffix}"] = round(literl["step_s"] / result[name]["step_s"], 3)
+            ratios[f"literl_over_trl{suffix}_cpu"] = round(literl["step_cpu_s"] / result[name]["step_cpu_s"], 3)
+            ratios[f"literl_over_trl{suffix}_per_token"] = round(
+                literl["seconds_per_generated_token"] / result[name]["seconds_per_generated_token"], 3)
+    return ratios
+
+
+def comparison_record(args) -> dict:
+    result = compare(args)
+    ratios = _ratios(result)
+    targets = {"literl_over_trl_max": TARGET_TRL_RATIO, "literl_over_floor_max": TARGET_FLOOR_RATIO,
+               "met": ratios["literl_over_floor"] <= TARGET_FLOOR_RATIO
+               and ratios.get("literl_over_trl", 0.0) <= TARGET_TRL_RATIO}
+    literl = result["literl"]
+    phases = {key: literl[key] for key in ("rollout_s", "generate_s", "reward_s", "update_s", "old_logp_s",
+                                           "rollout_cpu_s", "update_cpu_s")}
+    phases["other_s"] = round(literl["step_s"] - literl["rollout_s"] - literl["update_s"] - literl["old_logp_s"], 4)
+    return {
+        "benchmark": "step_speed", "measured_at": datetime.date.today().isoformat(),
+        "literl_step_s": literl["step_s"], "trl_step_s": result.get("trl", {}).get("step_s"),
+        "trl_gradient_checkpointing_step_s": result.get("trl_gradient_checkpointing", {}).get("step_s"),
+        "floor_s": result["floor"]["floor_s"], **ratios, "literl_phases": phases, "targets": targets,
+        "workload": _workload(args), **result, "machine": workload.machine(),
+    }
+
+
+def _workload(args) -> dict:
+    return {"prompts": workload.PROMPTS_PER_STEP, "group_size": workload.GROUP_SIZE,
+            "max_new_tokens": workload.MAX_NEW_TOKENS, "temperature": 1.0, "dtype": "float32",
+            "threads": args.threads, "warmup": args.warmup, "steps": args.steps,
+            "reward": "step_literl.digit_fraction"}
+
+
+# ------------------------------------------------------------------------------------------------ sweep
+def sweep_record(args) -> dict:
+    """literl's step over group size × response length; seconds per generated token for each."""
+    workload.set_threads(args.threads)
+    rows = []
+    for group_size in SWEEP_GROUPS:
+        for max_new_tokens in SWEEP_LENGTHS:
+            model, tokenizer = workload.build_model()
+            literl = LiterlStepper(model, tokenizer, problems(), threads=args.threads, group_size=group_size,
+                                   max_new_tokens=max_new_tokens)
+            for _ in range(args.warmup):
+                literl.step()
+            summary = median_record([literl.step() for _ in range(args.steps)])
+            literl.close()
+            rows.append({"group_size": group_size, "max_new_tokens": max_new_tokens,
+                         **{key: summary[key] for key in ("seconds_per_generated_token", "step_s", "step_cpu_s",
+                                                          "generated_tokens", "rollout_s", "update_s")}})
+            log(f"G={group_size} T={max_new_tokens}: {rows[-1]['seconds_per_generated_token'] * 1e3:.3f} ms/token")
+    per_token = [row["seconds_per_generated_token"] for row in rows]
+    return {"benchmark": "step_speed_sweep", "measured_at": datetime.date.today().isoformat(),
+            "max_over_min_seconds_per_token": round(max(per_token) / min(per_token), 3), "sweep": rows,
+            "workload": _workload(args), "machine": workload.machine()}
+
+
+# ------------------------------------------------------------------------------------------------ memory
+MEMORY_VOCAB = 151_936
+MEMORY_PROMPTS, MEMORY_GROUP, MEMORY_TOKENS = 8, 8, 512
+
+
+def memory_child(threads: int) -> dict:
+    """One full literl step at vocabulary 151,936, 64 responses × up to 512 tokens; its peak memory."""
+    workload.set_threads(threads)
+    model, tokenizer = workload.build_model(vocab_size=MEMORY_VOCAB)
+    literl = LiterlStepper(model, tokenizer, problems(MEMORY_PROMPTS), threads=threads, group_size=MEMORY_GROUP,
+                           max_new_tokens=MEMORY_TOKENS)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() if cuda else _rss_bytes()
+    record = literl.step()
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    literl.close()
+    return {"peak_gib": round(peak / GIB, 3), "before_step_gib": round(before / GIB, 3),
+            "step_adds_gib": round((peak - before) / GIB, 3), "measure": "max_memory_allocated" if cuda
+            else "peak RSS (ru_maxrss)", "step_s": round(record["step_s"], 2),
+            "generated_tokens": record["generated_tokens"], "trained_tokens": record["trained_tokens"]}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def memory_record(args) -> dict:
+    command = [sys.executable, __file__, "--memory-child", "--threads", str(args.threads)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"benchmark": "step_speed_memory", "measured_at": datetime.date.today().isoformat(),
+            "vocab": MEMORY_VOCAB, "responses": MEMORY_PROMPTS * MEMORY_GROUP, "max_new_tokens": MEMORY_TOKENS,
+            **child, "limit_gib": MEMORY_LIMIT_GIB, "under_limit": child["peak_gib"] < MEMORY_LIMIT_GIB,
+            "machine": {**workload.machine(), "threads": args.threads}}
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--sweep", action="store_true", help="group size × response length, literl only")
+    mode.add_argument("--memory", action="store_true", help="peak memory of one step at vocabulary 151,936")
+    mode.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, help="timed steps per framework (default 5; sweep: 3 per point)")
+    parser.add_argument("--warmup", type=int, help="untimed steps first (default 2; sweep: 1 per point)")
+    parser.add_argument("--threads", type=int, default=workload.TORCH_THREADS)
+    parser.add_argument("--no-trl", action="store_true", help="literl only, even when TRL is installed")
+    parser.add_argument("--no-trl-checkpointing", action="store_true",
+                        help="skip TRL's run with its default gradient checkpointing")
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        print(json.dumps(memory_child(args.threads)))
+        return
+    default_steps, default_warmup = (3, 1) if args.sweep else (5, 2)
+    args.steps = default_steps if args.steps is None else args.steps
+    args.warmup = default_warmup if args.warmup is None else args.warmup
+    if args.sweep:
+        record = sweep_record(args)
+    elif args.memory:
+        record = memory_record(args)
+    else:
+        record = comparison_record(args)
+    workload.print_json(record)
+
+
+if __name__ == "__main__":
+    start = time.perf_counter()
+    main()
+    log(f"done in {time.perf_counter() - start:.0f} s")
