@@ -1,7 +1,7 @@
 """What a person watching a run sees: a progress bar with ETA and key metrics, evaluations, a summary.
 
-On a terminal this is a rich progress bar; when output is captured (CI, the ablation runner, a log file)
-it prints one plain line every few steps instead, so logs stay readable.
+On a terminal this is a rich progress bar; when output is captured (CI, the ablation runner, a log file) or
+`trainer.progress=false`, it prints one plain line every few steps instead, so logs stay readable.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ def _fmt(metrics: dict, keys=KEY_METRICS) -> str:
 
 
 class Console:
-    def __init__(self, enabled: bool = True, *, stream=None, plain_every: int = 10):
+    def __init__(self, progress_bar: bool = True, *, stream=None, plain_every: int = 10, enabled: bool = True):
         self.rich = RichConsole(file=stream or sys.stderr)
-        self.interactive = enabled and self.rich.is_terminal
+        self.interactive = enabled and progress_bar and self.rich.is_terminal
         self.enabled = enabled
         self.plain_every = plain_every
         self._progress: Progress | None = None
