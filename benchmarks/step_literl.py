@@ -99,6 +99,7 @@ class LiterlStepper:
             "rollout_s": metrics["time/rollout"], "generate_s": metrics["time/generate"],
             "reward_s": metrics["time/reward"], "update_s": metrics["time/update"],
             "old_logp_s": metrics.get("time/old_logp", 0.0),
+            "other_s": wall - metrics["time/rollout"] - metrics["time/update"] - metrics.get("time/old_logp", 0.0),
             "rollout_cpu_s": self._cpu["rollout"], "update_cpu_s": self._cpu["update"],
             "generated_tokens": metrics["collect/generated_tokens"],
             "trained_tokens": float(train.loss_mask_BT.sum()),

@@ -68,8 +68,9 @@ def median_record(records: list[dict]) -> dict[str, float]:
     out = {key: statistics.median(r[key] for r in records) for key in records[0]}
     out.update(step_s_min=min(r["step_s"] for r in records), step_s_max=max(r["step_s"] for r in records),
                steps=len(records))
-    out["seconds_per_generated_token"] = out["step_s"] / max(out["generated_tokens"], 1.0)
-    return {key: round(value, 4) if isinstance(value, float) else value for key, value in out.items()}
+    out = {key: round(value, 4) if isinstance(value, float) else value for key, value in out.items()}
+    out["seconds_per_generated_token"] = round(out["step_s"] / max(out["generated_tokens"], 1.0), 8)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ comparison
@@ -77,37 +78,61 @@ def _trl_installed() -> bool:
     return importlib.util.find_spec("trl") is not None
 
 
-def _run_trl(args, literl: LiterlStepper, rate: flop_floor.MatmulRate, literl_records: list[dict], *,
-             gradient_checkpointing: bool) -> tuple[list[dict], dict]:
-    """TRL's steps, each timed one followed by one literl step and a matmul-rate sample."""
+class LiterlSide:
+    """literl's variants and the matmul-rate sampler, stepped together between TRL's steps."""
+
+    def __init__(self, args):
+        self.variants: dict[str, LiterlStepper] = {}
+        self.records: dict[str, list[dict]] = {}
+        self.compile_s: dict[str, float] = {}
+        for name, overrides in (("literl", ()), ("literl_compiled_rollout", ("rollout.compile=true",))):
+            if name != "literl" and not args.compiled_rollout:
+                continue
+            model, tokenizer = workload.build_model()
+            self.variants[name] = LiterlStepper(model, tokenizer, problems(), threads=args.threads,
+                                                group_size=workload.GROUP_SIZE,
+                                                max_new_tokens=workload.MAX_NEW_TOKENS, extra_overrides=overrides)
+            self.records[name] = []
+            warm = [self.variants[name].step() for _ in range(args.warmup)]
+            log(f"{name} warm-up steps: " + ", ".join(f"{r['step_s']:.2f}" for r in warm) + " s")
+            self.compile_s[name] = warm[0]["step_s"] - warm[-1]["step_s"]
+        self.rate = flop_floor.MatmulRate(flop_floor.matmul_weight_shapes(model),
+                                          decode_rows=workload.PROMPTS_PER_STEP * workload.GROUP_SIZE,
+                                          train_tokens=int(warm[-1]["trained_tokens"]))
+        self.rate.measure()
+
+    def step(self) -> None:
+        for name, stepper in self.variants.items():
+            self.records[name].append(stepper.step())
+            log(f"{name} step: {self.records[name][-1]['step_s']:.2f} s")
+        self.rate.measure()
+
+    def close(self) -> None:
+        for stepper in self.variants.values():
+            stepper.close()
+
+
+def _run_trl(args, literl: LiterlSide, *, gradient_checkpointing: bool) -> tuple[list[dict], dict]:
+    """TRL's steps; after the warm-up, each timed one is followed by one step of every literl variant."""
     from step_trl import TrlRun
 
     model, tokenizer = workload.build_model()
     run = TrlRun(model, tokenizer, problems(), group_size=workload.GROUP_SIZE,
                  max_new_tokens=workload.MAX_NEW_TOKENS, steps=args.warmup + args.steps,
-                 gradient_checkpointing=gradient_checkpointing)
+                 gradient_checkpointing=gradient_checkpointing, rows_per_micro_batch=args.trl_micro_batch)
 
     def interleave():
         step = len(run.records)
         log(f"TRL (gradient checkpointing {'on' if gradient_checkpointing else 'off'}) step {step}: "
             f"{run.records[-1]['step_s']:.2f} s")
         if step > args.warmup:
-            literl_records.append(literl.step())
-            rate.measure()
-            log(f"literl step: {literl_records[-1]['step_s']:.2f} s")
+            literl.step()
 
     run.between_steps = interleave
     records = run.train()[args.warmup:]
     settings = run.settings
     run.close()
     return records, settings
-
-
-def _literl_only(args, literl: LiterlStepper, rate: flop_floor.MatmulRate, literl_records: list[dict]) -> None:
-    for _ in range(args.steps):
-        literl_records.append(literl.step())
-        rate.measure()
-        log(f"literl step: {literl_records[-1]['step_s']:.2f} s")
 
 
 def _floor(rate: flop_floor.MatmulRate, literl_summary: dict) -> dict:
@@ -127,43 +152,43 @@ def _floor(rate: flop_floor.MatmulRate, literl_summary: dict) -> dict:
 
 def compare(args) -> dict:
     workload.set_threads(args.threads)
-    model, tokenizer = workload.build_model()
-    literl = LiterlStepper(model, tokenizer, problems(), threads=args.threads, group_size=workload.GROUP_SIZE,
-                           max_new_tokens=workload.MAX_NEW_TOKENS)
-    warm = [literl.step() for _ in range(args.warmup)]
-    log("literl warm-up steps: " + ", ".join(f"{r['step_s']:.2f}" for r in warm) + " s")
-    rate = flop_floor.MatmulRate(flop_floor.matmul_weight_shapes(model),
-                                 decode_rows=workload.PROMPTS_PER_STEP * workload.GROUP_SIZE,
-                                 train_tokens=int(statistics.median(r["trained_tokens"] for r in warm)))
-    rate.measure()
-    literl_records: list[dict] = []
+    literl = LiterlSide(args)
     result: dict = {}
     if _trl_installed() and not args.no_trl:
         import trl
 
-        trl_records, settings = _run_trl(args, literl, rate, literl_records, gradient_checkpointing=False)
+        trl_records, settings = _run_trl(args, literl, gradient_checkpointing=False)
         result["trl"] = {"version": trl.__version__, **median_record(trl_records), "config": settings}
         if not args.no_trl_checkpointing:
-            gc_records, gc_settings = _run_trl(args, literl, rate, literl_records, gradient_checkpointing=True)
+            gc_records, gc_settings = _run_trl(args, literl, gradient_checkpointing=True)
             result["trl_gradient_checkpointing"] = {**median_record(gc_records), "config": gc_settings}
     else:
-        _literl_only(args, literl, rate, literl_records)
+        for _ in range(args.steps):
+            literl.step()
     literl.close()
-    result = {"literl": median_record(literl_records), **result}
-    result["floor"] = _floor(rate, result["literl"])
+    variants = {name: median_record(records) for name, records in literl.records.items()}
+    if "literl_compiled_rollout" in variants:
+        variants["literl_compiled_rollout"]["compile_s"] = round(literl.compile_s["literl_compiled_rollout"], 2)
+    result = {**variants, **result}
+    result["floor"] = _floor(literl.rate, result["literl"])
     return result
 
 
 def _ratios(result: dict) -> dict:
-    literl, floor = result["literl"], result["floor"]
-    ratios = {"literl_over_floor": round(literl["step_s"] / floor["floor_s"], 3)}
-    for name in ("trl", "trl_gradient_checkpointing"):
-        if name in result:
-            suffix = "" if name == "trl" else "_gradient_checkpointing"
-            ratios[f"literl_over_trl{suffix}"] = round(literl["step_s"] / result[name]["step_s"], 3)
-            ratios[f"literl_over_trl{suffix}_cpu"] = round(literl["step_cpu_s"] / result[name]["step_cpu_s"], 3)
-            ratios[f"literl_over_trl{suffix}_per_token"] = round(
-                literl["seconds_per_generated_token"] / result[name]["seconds_per_generated_token"], 3)
+    """Each literl variant's median step over the floor and over each TRL run's median (wall, CPU, per token)."""
+    ratios = {}
+    for variant in ("literl", "literl_compiled_rollout"):
+        if variant not in result:
+            continue
+        ours = result[variant]
+        ratios[f"{variant}_over_floor"] = round(ours["step_s"] / result["floor"]["floor_s"], 3)
+        for name in ("trl", "trl_gradient_checkpointing"):
+            if name in result:
+                theirs = result[name]
+                ratios[f"{variant}_over_{name}"] = round(ours["step_s"] / theirs["step_s"], 3)
+                ratios[f"{variant}_over_{name}_cpu"] = round(ours["step_cpu_s"] / theirs["step_cpu_s"], 3)
+                ratios[f"{variant}_over_{name}_per_token"] = round(
+                    ours["seconds_per_generated_token"] / theirs["seconds_per_generated_token"], 3)
     return ratios
 
 
@@ -175,8 +200,7 @@ def comparison_record(args) -> dict:
                and ratios.get("literl_over_trl", 0.0) <= TARGET_TRL_RATIO}
     literl = result["literl"]
     phases = {key: literl[key] for key in ("rollout_s", "generate_s", "reward_s", "update_s", "old_logp_s",
-                                           "rollout_cpu_s", "update_cpu_s")}
-    phases["other_s"] = round(literl["step_s"] - literl["rollout_s"] - literl["update_s"] - literl["old_logp_s"], 4)
+                                           "other_s", "rollout_cpu_s", "update_cpu_s")}
     return {
         "benchmark": "step_speed", "measured_at": datetime.date.today().isoformat(),
         "literl_step_s": literl["step_s"], "trl_step_s": result.get("trl", {}).get("step_s"),
@@ -273,6 +297,10 @@ def main(argv=None) -> None:
     parser.add_argument("--no-trl", action="store_true", help="literl only, even when TRL is installed")
     parser.add_argument("--no-trl-checkpointing", action="store_true",
                         help="skip TRL's run with its default gradient checkpointing")
+    parser.add_argument("--compiled-rollout", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time literl with rollout.compile=true (its compile time is reported apart)")
+    parser.add_argument("--trl-micro-batch", type=int,
+                        help="TRL's per_device_train_batch_size (default: all P·G rows, no accumulation)")
     args = parser.parse_args(argv)
     if args.memory_child:
         print(json.dumps(memory_child(args.threads)))

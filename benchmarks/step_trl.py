@@ -2,9 +2,10 @@
 same character tokenizer, prompts and reward, timed per optimizer step by a callback.
 
 Configuration (TRL 1.16; `trl_settings` returns it for the JSON record). One optimizer step per rollout batch
-of P·G responses: per_device_train_batch_size = P·G and gradient_accumulation_steps = 1, so TRL derives
-steps_per_generation = 1 and generation_batch_size = P·G; its RepeatSampler then draws P distinct prompts,
-each repeated G times, per step (the dataset holds exactly P prompts). num_iterations = 1 and beta = 0: no
+of P·G responses: per_device_train_batch_size = P·G and gradient_accumulation_steps = 1 (or, with
+--trl-micro-batch r, r and P·G / r), so TRL derives generation_batch_size = P·G (one generation per step);
+its RepeatSampler then draws P distinct prompts, each repeated G times, per step (the dataset holds exactly P
+prompts). num_iterations = 1 and beta = 0: no
 old-log-prob pass (TRL reuses the detached log-probs, as literl does) and no reference model. Generation is
 TRL's non-vLLM path (`model.generate`, sampling at temperature 1.0, top_p 1, top_k 0). Everything else is
 TRL's default: loss_type "dapo" (token-level normalisation over the batch), scale_rewards "group", ε = 0.2,
@@ -30,11 +31,19 @@ def trl_reward(prompts, completions, **kwargs) -> list[float]:
 
 
 def trl_settings(*, prompts_per_step: int, group_size: int, max_new_tokens: int, steps: int,
-                 gradient_checkpointing: bool) -> dict:
-    """The GRPOConfig fields the benchmark sets (everything else is TRL's default)."""
+                 gradient_checkpointing: bool, rows_per_micro_batch: int | None = None) -> dict:
+    """The GRPOConfig fields the benchmark sets (everything else is TRL's default).
+
+    `rows_per_micro_batch` < P·G splits the optimizer step into gradient-accumulation micro-batches; TRL then
+    still generates all P·G responses at once (steps_per_generation = the accumulation steps).
+    """
+    rows = prompts_per_step * group_size
+    per_device = rows_per_micro_batch or rows
+    if rows % per_device:
+        raise ValueError(f"rows_per_micro_batch ({per_device}) must divide P·G = {rows}")
     return {
-        "num_generations": group_size, "per_device_train_batch_size": prompts_per_step * group_size,
-        "gradient_accumulation_steps": 1, "num_iterations": 1, "beta": 0.0,
+        "num_generations": group_size, "per_device_train_batch_size": per_device,
+        "gradient_accumulation_steps": rows // per_device, "num_iterations": 1, "beta": 0.0,
         "max_completion_length": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
         # transformers 5.23's name for gradient checkpointing (TRL's default: on)
         "activation_checkpointing": gradient_checkpointing, "use_vllm": False, "bf16": False, "fp16": False,
@@ -53,14 +62,15 @@ class TrlRun:
     """A GRPOTrainer whose every optimizer step is timed; `between_steps` runs after each one (interleaving)."""
 
     def __init__(self, model, tokenizer, problems: list[dict], *, group_size: int, max_new_tokens: int,
-                 steps: int, gradient_checkpointing: bool):
+                 steps: int, gradient_checkpointing: bool, rows_per_micro_batch: int | None = None):
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
 
         self._tmp = tempfile.TemporaryDirectory(prefix="trl-step-speed-")
         self.settings = trl_settings(prompts_per_step=len(problems), group_size=group_size,
                                      max_new_tokens=max_new_tokens, steps=steps,
-                                     gradient_checkpointing=gradient_checkpointing)
+                                     gradient_checkpointing=gradient_checkpointing,
+                                     rows_per_micro_batch=rows_per_micro_batch)
         dataset = Dataset.from_list([{"prompt": p["problem"]} for p in problems])
         self.records: list[dict] = []
         self.between_steps = lambda: None
