@@ -108,8 +108,8 @@ def _attend(attn, x_R1H, cos_R1D, sin_R1D, keys_RKSD, values_RKSD, bias_R11S, co
         query_RQD = attn.q_norm(query_RQD)
     if getattr(attn, "k_norm", None) is not None:
         key_RKD = attn.k_norm(key_RKD)
-    query_RQD = _rotate(query_RQD, cos_R1D, sin_R1D)
-    keys_RKSD.narrow(2, column, 1).copy_(_rotate(key_RKD, cos_R1D, sin_R1D)[:, :, None])
+    query_RQD = rotate(query_RQD, cos_R1D, sin_R1D)
+    keys_RKSD.narrow(2, column, 1).copy_(rotate(key_RKD, cos_R1D, sin_R1D)[:, :, None])
     values_RKSD.narrow(2, column, 1).copy_(value_RKD[:, :, None])
     kv_heads = keys_RKSD.shape[1]
     # Grouped-query attention without repeating K/V: the query heads sharing a KV head become its G "queries".
@@ -120,15 +120,15 @@ def _attend(attn, x_R1H, cos_R1D, sin_R1D, keys_RKSD, values_RKSD, bias_R11S, co
     return attn.o_proj(out_RKGD.reshape(R, 1, -1))
 
 
-def _rotate(x_RHD: torch.Tensor, cos_R1D: torch.Tensor, sin_R1D: torch.Tensor) -> torch.Tensor:
-    """Standard (non-interleaved) rotary embedding: x·cos + rotate_half(x)·sin."""
+def rotate(x_RHD: torch.Tensor, cos_R1D: torch.Tensor, sin_R1D: torch.Tensor) -> torch.Tensor:
+    """Standard (non-interleaved) rotary embedding: x·cos + rotate_half(x)·sin (cos, sin broadcast over x)."""
     first, second = x_RHD.chunk(2, dim=-1)
     return x_RHD * cos_R1D + torch.cat((-second, first), dim=-1) * sin_R1D
 
 
 def supports_static_kv(model: torch.nn.Module) -> bool:
     """True when the model has the supported structure and a few static decode steps match its forward."""
-    if not _has_supported_structure(model):
+    if not has_supported_structure(model):
         return False
     try:
         return _matches_forward(model)
@@ -136,7 +136,9 @@ def supports_static_kv(model: torch.nn.Module) -> bool:
         return False
 
 
-def _has_supported_structure(model: torch.nn.Module) -> bool:
+def has_supported_structure(model: torch.nn.Module) -> bool:
+    """Whether the model is a pre-norm Llama/Qwen-style decoder this module's layer-by-layer step can run
+    (the training forward of `literl.training.shared_prompts` runs on the same structure)."""
     if not (hasattr(model, "get_decoder") and isinstance(model.get_output_embeddings(), torch.nn.Linear)):
         return False
     body = model.get_decoder()

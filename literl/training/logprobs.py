@@ -95,7 +95,7 @@ def _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT) -> torch.
     rows share runs once (`shared_prompts`), else whole rows run, grouped by length."""
     prompts = shared_prompts.shared_prompts(tokens_BL, prompt_len_B)
     if prompts is not None and shared_prompts.matches_plain_forward(model):
-        return shared_prompts.response_hidden(model.get_decoder(), tokens_BL, prompt_len_B, valid_BT, prompts,
+        return shared_prompts.response_hidden(model, tokens_BL, prompt_len_B, valid_BT, prompts,
                                               buckets=forward_groups)
     return _response_hidden_by_length(model.get_decoder(), tokens_BL, pos_BT, valid_BT)
 

@@ -21,9 +21,11 @@ import weakref
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
 from literl.rollout.decoding import DistinctPrompts, distinct_prompts
+from literl.rollout.static_kv import has_supported_structure, rotate
 
 _checked: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
 
@@ -37,7 +39,7 @@ def shared_prompts(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor) -> Disti
     return prompts if prompts.ids_UP.shape[0] < len(rows) else None
 
 
-def response_hidden(decoder: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor,
+def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor,
                     valid_BT: torch.Tensor, prompts: DistinctPrompts,
                     buckets: Callable[[torch.Tensor], list[torch.Tensor]]) -> torch.Tensor:
     """Hidden states at valid_BT's True entries (row-major order), the prompts run once.
@@ -46,7 +48,8 @@ def response_hidden(decoder: torch.nn.Module, tokens_BL: torch.Tensor, prompt_le
     response (the response mask). `buckets(length_B)` groups rows of similar response length, so that each
     group's forward is cut to its own longest response.
     """
-    device = tokens_BL.device
+    device, decoder = tokens_BL.device, model.get_decoder()
+    run_responses = _layer_by_layer if _runs_layer_by_layer(model) else _with_cache
     prompt_hidden_UPH, prompt_kv = _run_prompts(decoder, prompts)
     flat_index_BT = torch.full(valid_BT.shape, -1, dtype=torch.long, device=device)
     flat_index_BT[valid_BT] = torch.arange(int(valid_BT.sum()), device=device)
@@ -59,8 +62,16 @@ def response_hidden(decoder: torch.nn.Module, tokens_BL: torch.Tensor, prompt_le
     if len(rows_with_steps):
         for bucket in buckets(steps_B[rows_with_steps]):
             rows_R = rows_with_steps[bucket]
-            hidden_RWH = _run_responses(decoder, tokens_BL, prompt_len_B, prompts, prompt_kv, rows_R,
-                                        int(steps_B[rows_R].max()))
+            width = int(steps_B[rows_R].max())
+            positions_RW = prompt_len_B[rows_R, None] + torch.arange(width, device=device)[None, :]
+            # Columns past a row's end hold whatever follows it (clamped): causal attention keeps them out of
+            # its real positions, and their outputs are never read.
+            ids_RW = tokens_BL[rows_R].gather(1, positions_RW.clamp(max=tokens_BL.shape[1] - 1))
+            source_R = prompts.source_B[rows_R]
+            # index_select, not indexing: its backward is an index_add, cheaper than an accumulating index_put.
+            prefix_kv = [(keys.index_select(0, source_R), values.index_select(0, source_R))
+                         for keys, values in prompt_kv]
+            hidden_RWH = run_responses(decoder, ids_RW, positions_RW, prompts.real_UP[source_R], prefix_kv)
             valid_RW = valid_BT[rows_R, 1:hidden_RWH.shape[1] + 1]
             row_M, col_M = valid_RW.nonzero(as_tuple=True)
             parts.append(hidden_RWH[row_M, col_M])
@@ -77,20 +88,54 @@ def _run_prompts(decoder, prompts: DistinctPrompts) -> tuple[torch.Tensor, list[
     return out.last_hidden_state, [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
 
-def _run_responses(decoder, tokens_BL, prompt_len_B, prompts: DistinctPrompts, prompt_kv, rows_R: torch.Tensor,
-                   width: int) -> torch.Tensor:
-    """hidden_RWH of response tokens 0 .. width−1 of rows_R, attending to their prompt's cache."""
-    source_R = prompts.source_B[rows_R]
-    cache = DynamicCache(ddp_cache_data=[(keys[source_R], values[source_R]) for keys, values in prompt_kv],
-                         config=decoder.config)
-    positions_RW = prompt_len_B[rows_R, None] + torch.arange(width, device=rows_R.device)[None, :]
-    # Columns past a row's end hold whatever follows it (clamped): causal attention keeps them out of its
-    # real positions, and their outputs are never read.
-    ids_RW = tokens_BL[rows_R].gather(1, positions_RW.clamp(max=tokens_BL.shape[1] - 1))
-    attention_RS = torch.cat([prompts.real_UP[source_R], torch.ones_like(ids_RW, dtype=torch.bool)], dim=1)
+def _runs_layer_by_layer(model: torch.nn.Module) -> bool:
+    """Llama/Qwen-style structure, and no attention dropout (which the hand-applied layers leave out)."""
+    return has_supported_structure(model) and not getattr(model.config, "attention_dropout", 0.0)
+
+
+def _with_cache(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv) -> torch.Tensor:
+    """hidden_RWH of the response tokens through the decoder's own forward, on a cache holding their prompt."""
+    cache = DynamicCache(ddp_cache_data=prefix_kv, config=decoder.config)
+    attention_RS = torch.cat([prompt_real_RP, torch.ones_like(ids_RW, dtype=torch.bool)], dim=1)
     out = decoder(input_ids=ids_RW, attention_mask=attention_RS.long(), position_ids=positions_RW,
                   past_key_values=cache, use_cache=True)
     return out.last_hidden_state
+
+
+def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv) -> torch.Tensor:
+    """hidden_RWH of the response tokens, the decoder's layers applied by hand (their own norms, projections,
+    rotary embedding and MLP), each attending to its prompt's keys and values prepended to the response's own.
+
+    The same maths as `_with_cache` for Llama/Qwen-style decoders (`has_supported_structure`), without what a
+    generic forward pays for: no cache object (whose update copies the keys), no mask construction, and
+    grouped-query attention without repeating the keys and values per query head; ~9% less update time.
+    """
+    R, W = ids_RW.shape
+    hidden_RWH = decoder.embed_tokens(ids_RW)
+    cos_RWD, sin_RWD = decoder.rotary_emb(hidden_RWH, positions_RW)
+    cos_R1WD, sin_R1WD = cos_RWD[:, None], sin_RWD[:, None]
+    causal_WW = torch.ones(W, W, dtype=torch.bool, device=ids_RW.device).tril()
+    allowed_R1WS = torch.cat([prompt_real_RP[:, None, None, :].expand(-1, 1, W, -1),
+                              causal_WW[None, None].expand(R, 1, W, W)], dim=-1)
+    for layer, (prefix_keys, prefix_values) in zip(decoder.layers, prefix_kv):
+        attn = layer.self_attn
+        x_RWH = layer.input_layernorm(hidden_RWH)
+        query = rotate(_heads(attn.q_proj(x_RWH), attn.head_dim, getattr(attn, "q_norm", None)), cos_R1WD, sin_R1WD)
+        key = rotate(_heads(attn.k_proj(x_RWH), attn.head_dim, getattr(attn, "k_norm", None)), cos_R1WD, sin_R1WD)
+        value = _heads(attn.v_proj(x_RWH), attn.head_dim, None)
+        out = F.scaled_dot_product_attention(query, torch.cat([prefix_keys, key], dim=2),
+                                             torch.cat([prefix_values, value], dim=2), attn_mask=allowed_R1WS,
+                                             scale=attn.scaling, enable_gqa=True)
+        hidden_RWH = hidden_RWH + attn.o_proj(out.transpose(1, 2).flatten(2))
+        mlp_out = layer.mlp(layer.post_attention_layernorm(hidden_RWH))
+        hidden_RWH = hidden_RWH + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
+    return decoder.norm(hidden_RWH)
+
+
+def _heads(x_RWF: torch.Tensor, head_dim: int, norm) -> torch.Tensor:
+    """[R, W, heads·D] → [R, heads, W, D], with the per-head norm (Qwen3's q_norm / k_norm) when there is one."""
+    x_RWHD = x_RWF.unflatten(-1, (-1, head_dim))
+    return (x_RWHD if norm is None else norm(x_RWHD)).transpose(1, 2)
 
 
 def matches_plain_forward(model: torch.nn.Module) -> bool:
@@ -117,7 +162,7 @@ def _probe(model: torch.nn.Module) -> bool:
     model.eval()
     try:
         prompts = shared_prompts(tokens_BL, prompt_len_B)
-        got_MH = response_hidden(decoder, tokens_BL, prompt_len_B, valid_BT, prompts,
+        got_MH = response_hidden(model, tokens_BL, prompt_len_B, valid_BT, prompts,
                                  buckets=lambda steps: [torch.arange(len(steps), device=device)])
         hidden_BLH = decoder(input_ids=tokens_BL, use_cache=False).last_hidden_state
     except (AttributeError, TypeError, ValueError, RuntimeError, IndexError):

@@ -42,9 +42,12 @@ def _spy_on_shared_path(monkeypatch, model) -> list:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_shared_prompts_match_full_rows_values_and_grads(monkeypatch, temperature):
+@pytest.mark.parametrize("layer_by_layer", [True, False])
+def test_shared_prompts_match_full_rows_values_and_grads(monkeypatch, temperature, layer_by_layer):
     """Three prompts of different lengths (left padding in the shared cache), groups of uneven response lengths,
-    a one-token response (predicted from the prompt alone) and an empty one."""
+    a one-token response (predicted from the prompt alone) and an empty one; for the hand-applied layers and
+    for the decoder's own forward on a cache."""
+    monkeypatch.setattr(shared_prompts, "_runs_layer_by_layer", lambda model: layer_by_layer)
     model = build_tiny_qwen3(seed=5)
     calls = _spy_on_shared_path(monkeypatch, model)
     tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch(
@@ -84,7 +87,9 @@ def test_distinct_prompts_take_the_plain_path(monkeypatch):
 
 
 def test_a_decoder_that_rejects_a_cache_takes_the_plain_path(monkeypatch):
-    """The once-per-model probe fails (the decoder raises on past_key_values), so whole rows run."""
+    """A model outside the hand-applied structure whose decoder raises on past_key_values: the once-per-model
+    probe fails, so whole rows run."""
+    monkeypatch.setattr(shared_prompts, "has_supported_structure", lambda model: False)
     model = build_tiny_qwen3(seed=9)
     decoder_forward = model.model.forward
 
@@ -101,3 +106,9 @@ def test_a_decoder_that_rejects_a_cache_takes_the_plain_path(monkeypatch):
         logp, _ = token_logprobs(model, tokens_BL, prompt_len_B, T, mask_BT=mask_BT)
     assert calls == [] and not shared_prompts.matches_plain_forward(model)
     torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
+
+
+def test_attention_dropout_keeps_the_decoder_forward():
+    """The hand-applied layers leave attention dropout out, so a model that has some uses its own forward."""
+    assert shared_prompts._runs_layer_by_layer(build_tiny_qwen3(seed=10))
+    assert not shared_prompts._runs_layer_by_layer(build_tiny_qwen3(seed=10, attention_dropout=0.1))
