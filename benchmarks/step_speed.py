@@ -263,6 +263,7 @@ def memory_child(threads: int) -> dict:
     return {"peak_gib": round(peak / GIB, 3), "before_step_gib": round(before / GIB, 3),
             "step_adds_gib": round((peak - before) / GIB, 3), "measure": "max_memory_allocated" if cuda
             else "peak RSS (ru_maxrss)", "step_s": round(record["step_s"], 2),
+            "rollout_s": round(record["rollout_s"], 2), "update_s": round(record["update_s"], 2),
             "generated_tokens": record["generated_tokens"], "trained_tokens": record["trained_tokens"]}
 
 

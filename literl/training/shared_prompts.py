@@ -108,7 +108,8 @@ def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv) ->
 
     The same maths as `_with_cache` for Llama/Qwen-style decoders (`has_supported_structure`), without what a
     generic forward pays for: no cache object (whose update copies the keys), no mask construction, and
-    grouped-query attention without repeating the keys and values per query head; ~9% less update time.
+    grouped-query attention without repeating the keys and values per query head, RMS norms with a hand-written
+    backward (`_RMSNorm`); ~9% less update time.
     """
     R, W = ids_RW.shape
     hidden_RWH = decoder.embed_tokens(ids_RW)
@@ -119,7 +120,7 @@ def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv) ->
                               causal_WW[None, None].expand(R, 1, W, W)], dim=-1)
     for layer, (prefix_keys, prefix_values) in zip(decoder.layers, prefix_kv):
         attn = layer.self_attn
-        x_RWH = layer.input_layernorm(hidden_RWH)
+        x_RWH = _norm(layer.input_layernorm, hidden_RWH)
         query = rotate(_heads(attn.q_proj(x_RWH), attn.head_dim, getattr(attn, "q_norm", None)), cos_R1WD, sin_R1WD)
         key = rotate(_heads(attn.k_proj(x_RWH), attn.head_dim, getattr(attn, "k_norm", None)), cos_R1WD, sin_R1WD)
         value = _heads(attn.v_proj(x_RWH), attn.head_dim, None)
@@ -127,15 +128,47 @@ def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv) ->
                                              torch.cat([prefix_values, value], dim=2), attn_mask=allowed_R1WS,
                                              scale=attn.scaling, enable_gqa=True)
         hidden_RWH = hidden_RWH + attn.o_proj(out.transpose(1, 2).flatten(2))
-        mlp_out = layer.mlp(layer.post_attention_layernorm(hidden_RWH))
+        mlp_out = layer.mlp(_norm(layer.post_attention_layernorm, hidden_RWH))
         hidden_RWH = hidden_RWH + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
-    return decoder.norm(hidden_RWH)
+    return _norm(decoder.norm, hidden_RWH)
 
 
 def _heads(x_RWF: torch.Tensor, head_dim: int, norm) -> torch.Tensor:
     """[R, W, heads·D] → [R, heads, W, D], with the per-head norm (Qwen3's q_norm / k_norm) when there is one."""
     x_RWHD = x_RWF.unflatten(-1, (-1, head_dim))
-    return (x_RWHD if norm is None else norm(x_RWHD)).transpose(1, 2)
+    return (x_RWHD if norm is None else _norm(norm, x_RWHD)).transpose(1, 2)
+
+
+def _norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The norm module applied to x: through `_RMSNorm` when it is a plain fp32 RMS norm (Llama's and Qwen's,
+    which keep `variance_epsilon`), else through the module itself."""
+    weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
+    plain = isinstance(eps, float) and isinstance(weight, torch.Tensor) and weight.dim() == 1
+    if plain and x.dtype == weight.dtype == torch.float32:
+        return _RMSNorm.apply(x, weight, eps)
+    return module(x)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """y = w ⊙ x̂, x̂ = x · rstd, rstd = 1 / sqrt(mean(x²) + ε) over the last dimension, with the backward written
+    out (a third fewer element-wise passes than autograd through the module's ops):
+        ∂L/∂w = Σ_rows g ⊙ x̂        ∂L/∂x = rstd · (g_x̂ − x̂ · mean(g_x̂ ⊙ x̂)),   g_x̂ = g ⊙ w
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(x.square().mean(-1, keepdim=True).add_(eps))
+        normalized = x * rstd
+        ctx.save_for_backward(normalized, rstd, weight)
+        return normalized * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        normalized, rstd, weight = ctx.saved_tensors
+        grad_weight = (grad * normalized).flatten(0, -2).sum(0) if ctx.needs_input_grad[1] else None
+        grad_normalized = grad * weight
+        grad_x = grad_normalized.sub_(normalized * (grad_normalized * normalized).mean(-1, keepdim=True)).mul_(rstd)
+        return grad_x, grad_weight, None
 
 
 def matches_plain_forward(model: torch.nn.Module) -> bool:

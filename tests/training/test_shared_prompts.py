@@ -112,3 +112,23 @@ def test_attention_dropout_keeps_the_decoder_forward():
     """The hand-applied layers leave attention dropout out, so a model that has some uses its own forward."""
     assert shared_prompts._runs_layer_by_layer(build_tiny_qwen3(seed=10))
     assert not shared_prompts._runs_layer_by_layer(build_tiny_qwen3(seed=10, attention_dropout=0.1))
+
+
+def test_rms_norm_backward_matches_autograd_of_the_module():
+    """The hand-written backward against the Qwen3 norm module's own autograd, with a non-trivial weight, on a
+    [rows, heads, D] input (as q_norm sees it); and numerically (float64 gradcheck)."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    norm = Qwen3RMSNorm(8, eps=1e-6)
+    norm.weight.data = torch.rand(8, generator=g) + 0.5
+    x = torch.randn(3, 2, 8, generator=g, requires_grad=True)
+    grad = torch.randn(3, 2, 8, generator=g)
+    expected = torch.autograd.grad(norm(x), [x, norm.weight], grad)
+    got_y = shared_prompts._norm(norm, x)
+    torch.testing.assert_close(got_y, norm(x))
+    for got, want in zip(torch.autograd.grad(got_y, [x, norm.weight], grad), expected):
+        torch.testing.assert_close(got, want)
+    x64 = torch.randn(4, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    w64 = (torch.rand(5, dtype=torch.float64, generator=g) + 0.5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: shared_prompts._RMSNorm.apply(a, b, 1e-6), (x64, w64))
