@@ -125,7 +125,7 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = knob(40, "rollout batches to train on")
+    steps: int = knob(100, "rollout batches to train on")
     minibatches: int = knob(1, "optimizer steps per rollout batch (1: on-policy; >1: off-policy updates)")
     micro_batch_tokens: int = knob(16384, "max padded tokens per forward/backward (gradient accumulation "
                                           "unit; exactness does not depend on it)")
@@ -145,7 +145,7 @@ class TrainerConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = knob(0, "held-out evaluation every N steps (0: only before and after training)")
+    every: int = knob(25, "held-out evaluation every N steps, besides before and after training (0: only those)")
     benchmarks: list[str] = knob(help="benchmarks to evaluate on; 'testbed' is the testbed's held-out split",
                                  factory=lambda: ["testbed"])
     samples: int = knob(4, "samples per problem (accuracy is their average)")

@@ -1,4 +1,7 @@
-"""Build progress: a rich progress bar (phase, step, loss, ETA) on stderr, or silence."""
+"""Build progress: a rich progress bar (phase, step, loss, ETA) on stderr, or silence.
+
+When stderr is not a terminal (a log file, CI), a live bar shows nothing until it stops, so a plain line
+is printed every tenth of a phase instead."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
                            TimeRemainingColumn)
 
 REFRESH_EVERY_STEPS = 5   # updating the bar every step would cost more than the tiny model's step
+LOG_LINES_PER_PHASE = 10  # without a terminal
 
 
 class BuildProgress:
@@ -44,6 +48,7 @@ class BuildProgress:
         if self._task is not None:
             self._progress.update(self._task, visible=False)
         self._task = self._progress.add_task(description, total=total_steps, loss="-")
+        self._phase_started = time.monotonic()
 
     def step(self, step: int, loss: float) -> None:
         if self._progress is None or self._task is None:
@@ -51,6 +56,12 @@ class BuildProgress:
         task = self._progress.tasks[-1]
         if step % REFRESH_EVERY_STEPS == 0 or step == task.total:
             self._progress.update(self._task, completed=step, loss=f"{loss:.3f}")
+        every = max(1, int(task.total or 1) // LOG_LINES_PER_PHASE)
+        if not self._console.is_terminal and (step % every == 0 or step == task.total):
+            spent = time.monotonic() - self._phase_started
+            remaining = spent / max(step, 1) * (int(task.total or step) - step)
+            self.note(f"{task.description} {step}/{int(task.total or step)} loss {loss:.3f} "
+                      f"({spent:.0f} s, ~{remaining:.0f} s left)")
 
     def note(self, message: str) -> None:
         """A log line above the bar."""

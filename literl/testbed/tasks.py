@@ -23,7 +23,8 @@ Slips: with `slip_rate > 0`, each step's written result is wrong with that proba
 always the true value; only the `solution` text carries slips. Slipped solutions are SFT data for the
 base model, so that it stays imperfect and RL has something to fix.
 
-Records are dicts `{"id", "problem", "answer" (str), "solution", "tier", "num_ops"}`.
+Records are dicts `{"id", "problem", "answer" (str), "solution", "tier", "num_ops", "difficulty"}`, where
+`difficulty` is "<num_ops>_ops".
 """
 
 from __future__ import annotations
@@ -162,6 +163,9 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
             "solution": solution_text(steps),
             "tier": tier,
             "num_ops": len(ops),
+            # per-problem hardness for the per-difficulty reward-std diagnostic (the tier is one label
+            # for the whole mixed set)
+            "difficulty": f"{len(ops)}_ops",
         }
         index += 1
 

@@ -10,7 +10,7 @@ from literl.testbed.tasks import (MAX_VALUE, TIERS, expression_text, extract_box
                                   is_correct, make_problems, solution_steps, train_problems)
 
 STEP_LINE = re.compile(r"^(\d+)([+\-*])(\d+)=(-?\d+)$")
-RECORD_KEYS = {"id", "problem", "answer", "solution", "tier", "num_ops"}
+RECORD_KEYS = {"id", "problem", "answer", "solution", "tier", "num_ops", "difficulty"}
 
 
 def _steps(solution: str) -> tuple[list[tuple[int, str, int, int]], str]:
@@ -58,6 +58,7 @@ def test_tiers_have_their_documented_op_counts_and_operand_sizes(tier):
     records = train_problems(600, tier=tier, seed=1)
     ops = {r["num_ops"] for r in records}
     assert ops == set(range(spec.min_ops, spec.max_ops + 1)), "every op count of the tier occurs"
+    assert all(r["difficulty"] == f"{r['num_ops']}_ops" for r in records)
     operands = [int(x) for r in records for x in re.findall(r"\d+", r["problem"])]
     assert all(1 <= x <= MAX_VALUE for x in operands)
     two_digit = sum(x >= 10 for x in operands) / len(operands)
