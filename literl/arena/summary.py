@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 from literl.arena import stats
 from literl.arena.runs import RunRecord, checkpoint_step
 
-ALL_SCENARIOS = "all"      # the comparison pooled over every scenario's pairs
+ALL_SCENARIOS = "all"      # the comparison pooled over scenarios, one pair per seed
 LOG_NAME = "train.log"
 
 
@@ -98,15 +98,32 @@ def _cell(variant: str, scenario: str, scores: dict, confidence: float) -> dict:
 def _comparison(variant: str, baseline: str, scenario: str, scores: dict, confidence: float) -> dict:
     out = {"variant": variant, "baseline": baseline, "scenario": scenario}
     for score in stats.SCORES:
-        out[score] = stats.compare(_paired(variant, scenario, scores, score),
-                                   _paired(baseline, scenario, scores, score), confidence)
+        if scenario == ALL_SCENARIOS:
+            paired = _seed_means_over_scenarios(variant, baseline, scores, score)
+        else:
+            paired = tuple({seed: result[score] for seed, result in scores.get((v, scenario), {}).items()}
+                           for v in (variant, baseline))
+        out[score] = stats.compare(*paired, confidence)
     return out
 
 
-def _paired(variant: str, scenario: str, scores: dict, score: str) -> dict:
-    """{(scenario, seed): value} of one variant, over one scenario or all of them."""
-    return {(s, seed): result[score] for (v, s), by_seed in scores.items()
-            if v == variant and scenario in (s, ALL_SCENARIOS) for seed, result in by_seed.items()}
+def _seed_means_over_scenarios(variant: str, baseline: str, scores: dict, score: str) -> tuple[dict, dict]:
+    """({seed: mean over scenarios}, same for the baseline), over the scenarios where both ran that seed.
+
+    The seed is the unit of replication: the runs of one seed in different scenarios share their seed, and
+    for a trick the scenario does not touch (a scale-invariant advantage under a reward rescale) they are the
+    same run. Counting them as separate pairs would shrink the interval for nothing; averaging each seed's
+    differences over the scenarios first does not."""
+    scenarios = sorted({s for (v, s) in scores if v in (variant, baseline)})
+    variant_means, baseline_means = {}, {}
+    seeds = sorted({seed for (v, _), by_seed in scores.items() if v == variant for seed in by_seed})
+    for seed in seeds:
+        both = [s for s in scenarios
+                if seed in scores.get((variant, s), {}) and seed in scores.get((baseline, s), {})]
+        if both:
+            variant_means[seed] = sum(scores[(variant, s)][seed][score] for s in both) / len(both)
+            baseline_means[seed] = sum(scores[(baseline, s)][seed][score] for s in both) / len(both)
+    return variant_means, baseline_means
 
 
 def write_json(path: str | Path, data: dict) -> Path:

@@ -29,7 +29,7 @@ def test_dry_run_validates_and_prints_every_run(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "24 runs" in out
     assert "no_std/reward_pm1/seed_2:" in out and "algorithm.reward_shaping.rescale.low=-1" in out
-    assert "trainer.steps=30 eval.every=10" in out and "trainer.steps=2" in out and "trainer.threads=1" in out
+    assert "trainer.steps=60 eval.every=15" in out and "trainer.steps=2" in out and "trainer.threads=1" in out
     assert not (tmp_path / "o").exists(), "a dry run writes nothing"
 
 

@@ -80,11 +80,14 @@ def test_paired_differences_give_the_expected_verdicts(tmp_path):
     assert same["t_ci_high"] == pytest.approx(T2 * 0.02 / math.sqrt(3), abs=1e-6)
 
 
-def test_the_pooled_comparison_uses_every_scenario(tmp_path):
+def test_the_pooled_comparison_has_one_pair_per_seed_averaged_over_scenarios(tmp_path):
+    """s2 adds 0.1 to every run, so each seed's difference is the same in both scenarios: the pooled pairs are
+    the 3 seeds (not 6 scenario × seed pairs, which would count each seed twice) with the s1 differences."""
     summary = summarize_handmade(tmp_path)
     pooled = comparison(summary, "better", "all")["final"]
-    assert pooled["n_pairs"] == 6
-    assert pooled["pairs"][0] == ["s1", 0]
+    assert pooled["n_pairs"] == 3
+    assert pooled["pairs"] == [0, 1, 2]
+    assert pooled["diffs"] == pytest.approx([0.09, 0.10, 0.11])
     assert {c["scenario"] for c in summary["comparisons"]} == {"s1", "s2", "all"}
     assert all(c["variant"] != "base" for c in summary["comparisons"])
 
@@ -107,6 +110,8 @@ def test_missing_runs_are_named_and_leave_the_others_paired(tmp_path):
     assert summary["runs"] == {**summary["runs"], "expected": 24, "used": 22}
     assert cell(summary, "better", "s1")["n"] == 2
     assert comparison(summary, "better", "s1")["final"]["diffs"] == pytest.approx([0.09, 0.10])
+    pooled = comparison(summary, "better", "all")["final"]     # seed 2 pairs in s2 only
+    assert pooled["pairs"] == [0, 1, 2] and pooled["diffs"] == pytest.approx([0.09, 0.10, 0.11])
 
 
 def test_summary_json_is_written_and_the_tables_print(tmp_path, capsys):
