@@ -129,7 +129,8 @@ def _statistics_section(summary: dict) -> str:
         rows = [[_e(c["variant"]), _e(c["scenario"]), str(c["final"]["n_pairs"]),
                  *(_verdict_html(c[s]) for s in SCORES)] for c in summary["comparisons"]]
         parts.append(_table(["variant", "scenario", "pairs", "Δ final", "Δ best", "Δ AUC"], rows))
-        parts.append("<p class='note'>Scenario <code>all</code> pools the pairs of every scenario.</p>")
+        parts.append("<p class='note'>Scenario <code>all</code> pools the scenarios: one pair per seed, that "
+                     "seed's differences averaged over the scenarios.</p>")
     missing = summary["runs"]["missing"]
     if missing:
         items = "".join(f"<li>{_e(m['variant'])}/{_e(m['scenario'])}/seed_{m['seed']}: {_e(m['reason'])}</li>"
