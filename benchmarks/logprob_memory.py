@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -32,18 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import workload  # noqa: E402
 
 GIB = 1024 ** 3
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _batch(rows: int, prompt: int, response: int, vocab: int, device):
@@ -79,7 +66,7 @@ def child(mode: str, rows: int, prompt: int, response: int, vocab: int, device: 
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     else:
-        before = _rss_bytes()
+        before = workload.rss_bytes()
     start = time.perf_counter()
     if mode == "chunked":
         logp_BT, entropy_BT = token_logprobs(model, tokens_BL, prompt_len_B, response, with_entropy=True)
@@ -94,7 +81,7 @@ def child(mode: str, rows: int, prompt: int, response: int, vocab: int, device: 
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
     else:
-        peak = _peak_rss_bytes()
+        peak = workload.peak_rss_bytes()
     return {"mode": mode, "rows": rows, "seconds": time.perf_counter() - start,
             "pass_peak_gib": (peak - before) / GIB, "process_peak_gib": peak / GIB}
 

@@ -28,7 +28,6 @@ import argparse
 import datetime
 import importlib.util
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -256,23 +255,15 @@ def memory_child(threads: int) -> dict:
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated() if cuda else _rss_bytes()
+    before = torch.cuda.memory_allocated() if cuda else workload.rss_bytes()
     record = literl.step()
-    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = torch.cuda.max_memory_allocated() if cuda else workload.peak_rss_bytes()
     literl.close()
     return {"peak_gib": round(peak / GIB, 3), "before_step_gib": round(before / GIB, 3),
             "step_adds_gib": round((peak - before) / GIB, 3), "measure": "max_memory_allocated" if cuda
             else "peak RSS (ru_maxrss)", "step_s": round(record["step_s"], 2),
             "rollout_s": round(record["rollout_s"], 2), "update_s": round(record["update_s"], 2),
             "generated_tokens": record["generated_tokens"], "trained_tokens": record["trained_tokens"]}
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def memory_record(args) -> dict:

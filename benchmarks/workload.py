@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import statistics
 import time
 from typing import Callable
@@ -77,6 +78,23 @@ def summary(seconds: list[float]) -> dict[str, float]:
 def machine() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
             "platform": platform.machine(), "load_avg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux /proc; 0 where it is not available)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (ru_maxrss, KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def print_json(record: dict) -> None:

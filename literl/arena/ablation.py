@@ -18,7 +18,8 @@ from pathlib import Path
 from literl.arena.report import build_report
 from literl.arena.runs import is_run_directory, load_run
 from literl.arena.spec import AblationSpec, PlannedRun
-from literl.arena.summary import summarize, write_json
+from literl.arena.summary import summarize
+from literl.data.files import write_json_atomic
 from literl.registry import ConfigError
 
 PLAN_FILE, SUMMARY_FILE, REPORT_FILE = "plan.json", "summary.json", "report.html"
@@ -59,7 +60,7 @@ def record_plan(out_dir: Path, spec: AblationSpec, runs: list[PlannedRun]) -> No
             f"{' …' if len(conflicts) > 5 else ''}. Their results would be mixed with the new ones. Use another "
             f"--out, or delete those run directories to rerun them.")
     entries = [{**run.identity(), "directory": str(run.directory.relative_to(out_dir))} for run in runs]
-    write_json(path, {"spec": spec_info(spec), "runs": entries})
+    write_json_atomic(path, {"spec": spec_info(spec), "runs": entries})
 
 
 def load_plan(out_dir: Path) -> dict:
@@ -90,7 +91,7 @@ def summarize_ablation(out_dir: str | Path, *, report: bool = True, report_path:
                         scenarios=list(info["scenarios"]), baseline=info["baseline"], expected=expected,
                         name=info["name"])
     summary["spec"] = info
-    write_json(out_dir / SUMMARY_FILE, summary)
+    write_json_atomic(out_dir / SUMMARY_FILE, summary)
     if report:
         build_report(report_path or out_dir / REPORT_FILE, records, summary, title=f"Ablation: {info['name']}",
                      spec_info=info)

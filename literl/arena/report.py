@@ -10,7 +10,6 @@ responses, reward std by difficulty tier, IS-weight decomposition, entropy).
 from __future__ import annotations
 
 import html
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,6 +19,8 @@ from literl.arena import plots
 from literl.arena.plots import Panel
 from literl.arena.runs import RunRecord
 from literl.arena.stats import SCORES
+from literl.arena.summary import format_cell
+from literl.data.files import write_text_atomic
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1250px;
@@ -107,13 +108,6 @@ def _verdict_html(entry: dict) -> str:
     return f"{entry['mean_diff']:+.3f}{ci} <span class='{css}'>{_e(entry['verdict'])}</span>{t_ci}"
 
 
-def _cell_html(entry: dict) -> str:
-    if entry["mean"] is None:
-        return "–"
-    half = entry.get("half_width")
-    return f"{entry['mean']:.3f} ± {half:.3f}" if half is not None else f"{entry['mean']:.3f}"
-
-
 def _statistics_section(summary: dict) -> str:
     metric, scores, intervals = _e(summary["metric"]), summary["scores"], summary["intervals"]
     parts = ["<h2>Statistics</h2>",
@@ -121,7 +115,7 @@ def _statistics_section(summary: dict) -> str:
              f"{_e(scores['final'])}; <b>best</b> = {_e(scores['best'])}; <b>AUC</b> = {_e(scores['auc'])}. "
              f"Cells: {_e(intervals['cells'])} (95%). Comparisons: {_e(intervals['comparisons'])}. "
              f"Verdict: {_e(intervals['verdict'])}.</p>"]
-    rows = [[_e(c["variant"]), _e(c["scenario"]), str(c["n"]), *(_cell_html(c[s]) for s in SCORES)]
+    rows = [[_e(c["variant"]), _e(c["scenario"]), str(c["n"]), *(format_cell(c[s]) for s in SCORES)]
             for c in summary["cells"]]
     parts.append(_table(["variant", "scenario", "seeds", "final", "best", "AUC"], rows))
     if summary["comparisons"]:
@@ -257,8 +251,4 @@ def build_report(path: str | Path, records: Sequence[RunRecord], summary: dict, 
             _diagnostics_section(records, variants, scenarios, colors)]
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>")
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, page)

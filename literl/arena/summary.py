@@ -6,8 +6,6 @@ summary.json atomically and `print_summary` shows the same numbers as rich table
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -126,17 +124,11 @@ def _seed_means_over_scenarios(variant: str, baseline: str, scores: dict, score:
     return variant_means, baseline_means
 
 
-def write_json(path: str | Path, data: dict) -> Path:
-    """Write a JSON document atomically (a reader never sees half a file)."""
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-    return path
 
 
 # ---------------------------------------------------------------------------------------------- terminal
-def _fmt_cell(entry: dict) -> str:
+def format_cell(entry: dict) -> str:
+    """'mean ± half-width' of a cell's score ('–' when no run scored)."""
     if entry["mean"] is None:
         return "–"
     half = entry.get("half_width")
@@ -166,7 +158,7 @@ def print_summary(summary: dict, console=None) -> None:
         cells.add_column(column, justify="left" if column in ("variant", "scenario") else "right")
     for cell in summary["cells"]:
         cells.add_row(cell["variant"], cell["scenario"], str(cell["n"]),
-                      *(_fmt_cell(cell[s]) for s in stats.SCORES))
+                      *(format_cell(cell[s]) for s in stats.SCORES))
     console.print(cells)
     if summary["comparisons"]:
         table = Table(title=f"paired difference vs baseline '{summary['baseline']}' "

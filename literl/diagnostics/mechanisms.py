@@ -13,13 +13,13 @@ weight decomposition from `literl.diagnostics.importance`.
 
 from __future__ import annotations
 
-import json
-import os
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from literl.data.files import write_json_atomic
 
 MAX_PERIOD = 256          # longest loop we look for, in tokens (§8.2.7 proposal)
 REPEAT_COVERAGE = 0.20    # a response is repetitive when its periodic tail covers ≥ 20% of it
@@ -96,6 +96,4 @@ class MechanismDiagnostics:
             self.clipped[side] = Counter({int(k): v for k, v in state.get(side, {}).items()})
 
     def write(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"clipped_tokens": self.top_clipped()}, indent=2))
-        os.replace(tmp, path)
+        write_json_atomic(path, {"clipped_tokens": self.top_clipped()})

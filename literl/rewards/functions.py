@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from literl.rewards.isolation import CallOutcome, IsolatedRunner, resolve_function, time_bounded
+from literl.rewards.isolation import CallOutcome, IsolatedRunner, resolve_function
 
 DEFAULT_REWARD_FN = "literl.rewards.math_answer:math_accuracy"
 

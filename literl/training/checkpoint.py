@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from literl.data.files import write_text_atomic
+
 
 def save_model(directory: Path, model: torch.nn.Module, tokenizer) -> Path:
     """Write `model` and `tokenizer` with save_pretrained, atomically replacing `directory`."""
@@ -44,10 +46,6 @@ def _replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def rng_state(sampling_rng: torch.Generator) -> dict:
@@ -79,7 +77,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state
         tokenizer.save_pretrained(tmp / "model")
     torch.save({"step": step, **trainer_state}, tmp / "trainer_state.pt")
     _replace_dir(tmp, root / name)
-    _write_text_atomic(root / "latest", name)
+    write_text_atomic(root / "latest", name)
     complete = sorted(p for p in root.iterdir() if p.name.startswith("step_"))
     for stale in complete[:-keep] if keep > 0 else []:
         shutil.rmtree(stale, ignore_errors=True)

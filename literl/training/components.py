@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +18,7 @@ import torch
 
 from literl.config import Config
 from literl.config_loader import from_yaml_file, resolve, to_yaml
+from literl.data.files import write_json_atomic, write_text_atomic
 from literl.diagnostics.mechanisms import MechanismDiagnostics
 from literl.objective import Objective
 from literl.rollout.collector import Collector, PromptStream
@@ -58,7 +58,7 @@ class RunComponents:
         wall = time.perf_counter() - self.started
         summary = {"run_dir": str(self.run_dir), "steps": self.cfg.trainer.steps, "wall_seconds": wall,
                    "preset": self.cfg.preset, "seed": self.cfg.seed, "eval": eval_results}
-        _write_json(self.run_dir / "summary.json", summary)
+        write_json_atomic(self.run_dir / "summary.json", summary)
         self.diagnostics.write(self.run_dir / "diagnostics.json")
         self.log.close()
         self.console.summary(self.run_dir, eval_results, wall)
@@ -153,9 +153,7 @@ def _prepare_run_dir(cfg: Config, console: Console) -> Path:
         if config_path.exists():
             _warn_config_changes(from_yaml_file(config_path), cfg, console)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / ".config.yaml.tmp"
-    tmp.write_text(to_yaml(cfg))
-    os.replace(tmp, config_path)
+    write_text_atomic(config_path, to_yaml(cfg))
     if not cfg.trainer.output_dir:
         _point_latest(run_dir)
     return run_dir
@@ -219,8 +217,4 @@ def _reward_specs(cfg: Config, reward_fns: Sequence | None) -> list[tuple]:
     return specs
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
 

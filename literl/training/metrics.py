@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from literl.data.files import write_text_atomic
+
 
 def _reduction(key: str) -> str:
     if key.endswith("_max"):
@@ -95,9 +97,7 @@ class MetricsLog:
                     continue   # a line cut short by a crash
                 if record.get("step", 0) <= step:
                     kept.append(line)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(k + "\n" for k in kept))
-            os.replace(tmp, path)
+            write_text_atomic(path, "".join(k + "\n" for k in kept))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _finite(v) for k, v in sorted(metrics.items())}}
