@@ -11,7 +11,8 @@ Modes (each prints one JSON line on stdout; progress goes to stderr):
              TRL's optimizer step (gradient checkpointing off, then TRL's default on), the matmul rate and
              FLOP floor (benchmarks/flop_floor.py). After `--warmup` steps, each timed TRL step is followed by
              one literl step and one matmul-rate sample, so that load from other processes hits all alike.
-             Medians of wall time (the headline) and CPU time (steadier on a shared machine).
+             Medians of wall time (the headline) and CPU time (steadier on a shared machine). literl is
+             timed twice: eager, and with rollout.compile=true trainer.compile=true (`literl_compiled`).
   --sweep    literl alone over group size (4, 8, 16) × response length (64, 128, 256): seconds per generated
              token for each (it should stay about flat).
   --memory   one full literl step at Qwen's vocabulary (151,936), 64 responses × 512 tokens, in a fresh child
@@ -48,6 +49,8 @@ TARGET_FLOOR_RATIO = 1.5
 MEMORY_LIMIT_GIB = 6.0
 SWEEP_GROUPS = (4, 8, 16)
 SWEEP_LENGTHS = (64, 128, 256)
+# literl's compiled variant: the decode step and the training forward's layers through torch.compile.
+COMPILED_OVERRIDES = ("rollout.compile=true", "trainer.compile=true")
 GIB = 1024 ** 3
 
 
@@ -84,8 +87,8 @@ class LiterlSide:
         self.variants: dict[str, LiterlStepper] = {}
         self.records: dict[str, list[dict]] = {}
         self.compile_s: dict[str, float] = {}
-        for name, overrides in (("literl", ()), ("literl_compiled_rollout", ("rollout.compile=true",))):
-            if name != "literl" and not args.compiled_rollout:
+        for name, overrides in (("literl", ()), ("literl_compiled", COMPILED_OVERRIDES)):
+            if name != "literl" and not args.compiled:
                 continue
             model, tokenizer = workload.build_model()
             self.variants[name] = LiterlStepper(model, tokenizer, problems(), threads=args.threads,
@@ -166,8 +169,8 @@ def compare(args) -> dict:
             literl.step()
     literl.close()
     variants = {name: median_record(records) for name, records in literl.records.items()}
-    if "literl_compiled_rollout" in variants:
-        variants["literl_compiled_rollout"]["compile_s"] = round(literl.compile_s["literl_compiled_rollout"], 2)
+    if "literl_compiled" in variants:
+        variants["literl_compiled"]["compile_s"] = round(literl.compile_s["literl_compiled"], 2)
     result = {**variants, **result}
     result["floor"] = _floor(literl.rate, result["literl"])
     return result
@@ -176,7 +179,7 @@ def compare(args) -> dict:
 def _ratios(result: dict) -> dict:
     """Each literl variant's median step over the floor and over each TRL run's median (wall, CPU, per token)."""
     ratios = {}
-    for variant in ("literl", "literl_compiled_rollout"):
+    for variant in ("literl", "literl_compiled"):
         if variant not in result:
             continue
         ours = result[variant]
@@ -289,8 +292,9 @@ def main(argv=None) -> None:
     parser.add_argument("--no-trl", action="store_true", help="literl only, even when TRL is installed")
     parser.add_argument("--no-trl-checkpointing", action="store_true",
                         help="skip TRL's run with its default gradient checkpointing")
-    parser.add_argument("--compiled-rollout", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time literl with rollout.compile=true (its compile time is reported apart)")
+    parser.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time literl with rollout.compile=true and trainer.compile=true (its one-off "
+                             "compile time is reported apart)")
     parser.add_argument("--trl-micro-batch", type=int,
                         help="TRL's per_device_train_batch_size (default: all P·G rows, no accumulation)")
     args = parser.parse_args(argv)

@@ -140,6 +140,8 @@ class TrainerConfig:
                                            "that is exact (one on-policy mini-batch, no IS correction); "
                                            "always: run the recompute pass every step")
     device: str = knob("auto", "auto | cpu | cuda")
+    compile: bool = knob(False, "torch.compile the training forward's decoder layers (Llama/Qwen-style models, "
+                                "rows sharing a prompt; about 10 s once, ~10% less update time on CPU)")
     progress: bool = knob(True, "show a progress bar")
 
 

@@ -30,6 +30,7 @@ from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
 from literl.training.optim import build_optimizer
 from literl.training.problems import training_problems
+from literl.training.shared_prompts import runs_layer_by_layer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -78,6 +79,9 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
 
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
     policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
+    if cfg.trainer.compile and not runs_layer_by_layer(policy):
+        console.note(f"trainer.compile=true has no effect on {type(policy).__name__}: it compiles literl's own "
+                     "layer-by-layer forward, which runs Llama/Qwen-style decoders only")
     data = training_problems(cfg, problems=problems, testbed=is_testbed)
     template = "raw" if data.is_testbed else cfg.data.template
     objective = Objective.from_config(cfg)
@@ -172,7 +176,7 @@ def _point_latest(run_dir: Path) -> None:
 def _warn_config_changes(old: Config, new: Config, console: Console) -> None:
     old_d, new_d = _flatten(_as_dict(old)), _flatten(_as_dict(new))
     ignored = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.output_dir", "trainer.threads",
-               "eval.")
+               "trainer.compile", "eval.")
     changed = [k for k in sorted(set(old_d) | set(new_d))
                if old_d.get(k) != new_d.get(k) and not k.startswith(ignored)]
     if changed:

@@ -45,7 +45,7 @@ _head_cache: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKe
 
 def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, T: int, *,
                    temperature: float = 1.0, with_entropy: bool = False, chunk_tokens: int | None = None,
-                   vocab_block: int | None = None, mask_BT: torch.Tensor | None = None
+                   vocab_block: int | None = None, mask_BT: torch.Tensor | None = None, compiled: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(y_t) of response tokens t < T of each row, and the entropy of π at those positions if asked.
 
@@ -54,7 +54,8 @@ def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B
     hold finite values of no meaning, or 0 where `mask_BT` is given: the head then skips them, which saves the
     vocabulary-sized matmul on padding. The head's logits exist one tile of `chunk_tokens` × `vocab_block` at a
     time (defaults in `Tiling.default`), which bounds its memory whatever the batch. Gradients reach every
-    parameter, the tied embedding included.
+    parameter, the tied embedding included. `compiled=True` runs the decoder layers of the shared-prompt path
+    through `torch.compile` (`shared_prompts.compiled_decoder_layer`).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 (got {temperature})")
@@ -80,7 +81,7 @@ def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B
         hidden_NH = hidden_BLH.gather(1, pos_BT[:, :, None].expand(-1, -1, hidden_BLH.shape[-1])).flatten(0, 1)
         target_N = target_BT.flatten()
     else:
-        hidden_NH = _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT)
+        hidden_NH = _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT, compiled)
         target_N = target_BT[valid_BT]
     tiling = Tiling.default(head.out_features, device, chunk_tokens=chunk_tokens, vocab_block=vocab_block)
     logp_N, entropy_N = ChunkedHeadLogprobs.apply(hidden_NH, head.weight, head.bias, target_N,
@@ -90,13 +91,13 @@ def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B
     return logp_BT, entropy_BT
 
 
-def _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT) -> torch.Tensor:
+def _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT, compiled: bool) -> torch.Tensor:
     """Hidden states at the real response positions (valid_BT's True entries, row-major): a prompt that several
     rows share runs once (`shared_prompts`), else whole rows run, grouped by length."""
     prompts = shared_prompts.shared_prompts(tokens_BL, prompt_len_B)
     if prompts is not None and shared_prompts.matches_plain_forward(model):
         return shared_prompts.response_hidden(model, tokens_BL, prompt_len_B, valid_BT, prompts,
-                                              buckets=forward_groups)
+                                              buckets=forward_groups, compiled=compiled)
     return _response_hidden_by_length(model.get_decoder(), tokens_BL, pos_BT, valid_BT)
 
 

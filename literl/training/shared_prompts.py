@@ -17,11 +17,13 @@ forward's hidden states; callers use the plain path for any model that fails it.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental import _config as fx_config
 from transformers.cache_utils import DynamicCache
 
 from literl.rollout.decoding import DistinctPrompts, distinct_prompts
@@ -41,15 +43,20 @@ def shared_prompts(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor) -> Disti
 
 def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor,
                     valid_BT: torch.Tensor, prompts: DistinctPrompts,
-                    buckets: Callable[[torch.Tensor], list[torch.Tensor]]) -> torch.Tensor:
+                    buckets: Callable[[torch.Tensor], list[torch.Tensor]], compiled: bool = False) -> torch.Tensor:
     """Hidden states at valid_BT's True entries (row-major order), the prompts run once.
 
     Layout as in `literl.batch` (right-padded prompt + response rows); valid_BT must be a prefix of each row's
     response (the response mask). `buckets(length_B)` groups rows of similar response length, so that each
-    group's forward is cut to its own longest response.
+    group's forward is cut to its own longest response. `compiled=True` runs the hand-applied layers through
+    `compiled_decoder_layer` (a model that runs through its decoder's own forward is not compiled).
     """
     device, decoder = tokens_BL.device, model.get_decoder()
-    run_responses = _layer_by_layer if _runs_layer_by_layer(model) else _with_cache
+    if runs_layer_by_layer(model):
+        run_responses = functools.partial(
+            _layer_by_layer, apply_layer=compiled_decoder_layer() if compiled else decoder_layer)
+    else:
+        run_responses = _with_cache
     prompt_hidden_UPH, prompt_kv = _run_prompts(decoder, prompts)
     flat_index_BT = torch.full(valid_BT.shape, -1, dtype=torch.long, device=device)
     flat_index_BT[valid_BT] = torch.arange(int(valid_BT.sum()), device=device)
@@ -88,7 +95,7 @@ def _run_prompts(decoder, prompts: DistinctPrompts) -> tuple[torch.Tensor, list[
     return out.last_hidden_state, [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
 
-def _runs_layer_by_layer(model: torch.nn.Module) -> bool:
+def runs_layer_by_layer(model: torch.nn.Module) -> bool:
     """Llama/Qwen-style structure, and no attention dropout (which the hand-applied layers leave out)."""
     return has_supported_structure(model) and not getattr(model.config, "attention_dropout", 0.0)
 
@@ -102,34 +109,63 @@ def _with_cache(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv) -> tor
     return out.last_hidden_state
 
 
-def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv) -> torch.Tensor:
+def decoder_layer(layer: torch.nn.Module, hidden_RWH: torch.Tensor, prefix_keys: torch.Tensor,
+                  prefix_values: torch.Tensor, cos_RWD: torch.Tensor, sin_RWD: torch.Tensor,
+                  allowed_RWS: torch.Tensor) -> torch.Tensor:
+    """One pre-norm decoder layer on response tokens that also attend to their prompt's keys and values."""
+    # The head axes are added here, not by the caller: a compiled graph then sees them as constant 1s.
+    cos_R1WD, sin_R1WD, allowed_R1WS = cos_RWD[:, None], sin_RWD[:, None], allowed_RWS[:, None]
+    attn = layer.self_attn
+    x_RWH = _norm(layer.input_layernorm, hidden_RWH)
+    query = rotate(_heads(attn.q_proj(x_RWH), attn.head_dim, getattr(attn, "q_norm", None)), cos_R1WD, sin_R1WD)
+    key = rotate(_heads(attn.k_proj(x_RWH), attn.head_dim, getattr(attn, "k_norm", None)), cos_R1WD, sin_R1WD)
+    value = _heads(attn.v_proj(x_RWH), attn.head_dim, None)
+    out = F.scaled_dot_product_attention(query, torch.cat([prefix_keys, key], dim=2),
+                                         torch.cat([prefix_values, value], dim=2), attn_mask=allowed_R1WS,
+                                         scale=attn.scaling, enable_gqa=True)
+    hidden_RWH = hidden_RWH + attn.o_proj(out.transpose(1, 2).flatten(2))
+    mlp_out = layer.mlp(_norm(layer.post_attention_layernorm, hidden_RWH))
+    return hidden_RWH + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
+
+
+@functools.cache
+def compiled_decoder_layer():
+    """`decoder_layer` through `torch.compile` (compiled on first use, once per process): inductor fuses each
+    layer's element-wise work (norms, rotary, SiLU·up, residuals) forward and backward. One graph serves every
+    layer of a model (the layer's weights are graph inputs). On the step-speed benchmark (CPU, 2 threads):
+    8-13% less update time for a few seconds of compile.
+
+    Row counts, widths and prompt widths change from step to step: sizes stay symbolic (`dynamic=True`) and
+    two sizes that happen to be equal are not assumed equal next time (no duck shapes). A size of 1 would
+    still make dynamo compile a second graph mid-run (~10 s), so those rare small forwards run eagerly."""
+    compiled = torch.compile(decoder_layer, dynamic=True)
+
+    def layer(layer_module, hidden_RWH, prefix_keys, *rest):
+        if min(hidden_RWH.shape[0], hidden_RWH.shape[1], prefix_keys.shape[2]) < 2:
+            return decoder_layer(layer_module, hidden_RWH, prefix_keys, *rest)
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(layer_module, hidden_RWH, prefix_keys, *rest)
+
+    return layer
+
+
+def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv, *, apply_layer=decoder_layer
+                    ) -> torch.Tensor:
     """hidden_RWH of the response tokens, the decoder's layers applied by hand (their own norms, projections,
     rotary embedding and MLP), each attending to its prompt's keys and values prepended to the response's own.
 
     The same maths as `_with_cache` for Llama/Qwen-style decoders (`has_supported_structure`), without what a
     generic forward pays for: no cache object (whose update copies the keys), no mask construction, and
     grouped-query attention without repeating the keys and values per query head, RMS norms with a hand-written
-    backward (`_RMSNorm`); ~9% less update time.
+    backward (`_RMSNorm`); ~9% less update time. `apply_layer` is `decoder_layer` or its compiled version.
     """
     R, W = ids_RW.shape
     hidden_RWH = decoder.embed_tokens(ids_RW)
     cos_RWD, sin_RWD = decoder.rotary_emb(hidden_RWH, positions_RW)
-    cos_R1WD, sin_R1WD = cos_RWD[:, None], sin_RWD[:, None]
     causal_WW = torch.ones(W, W, dtype=torch.bool, device=ids_RW.device).tril()
-    allowed_R1WS = torch.cat([prompt_real_RP[:, None, None, :].expand(-1, 1, W, -1),
-                              causal_WW[None, None].expand(R, 1, W, W)], dim=-1)
+    allowed_RWS = torch.cat([prompt_real_RP[:, None, :].expand(-1, W, -1), causal_WW[None].expand(R, W, W)], dim=-1)
     for layer, (prefix_keys, prefix_values) in zip(decoder.layers, prefix_kv):
-        attn = layer.self_attn
-        x_RWH = _norm(layer.input_layernorm, hidden_RWH)
-        query = rotate(_heads(attn.q_proj(x_RWH), attn.head_dim, getattr(attn, "q_norm", None)), cos_R1WD, sin_R1WD)
-        key = rotate(_heads(attn.k_proj(x_RWH), attn.head_dim, getattr(attn, "k_norm", None)), cos_R1WD, sin_R1WD)
-        value = _heads(attn.v_proj(x_RWH), attn.head_dim, None)
-        out = F.scaled_dot_product_attention(query, torch.cat([prefix_keys, key], dim=2),
-                                             torch.cat([prefix_values, value], dim=2), attn_mask=allowed_R1WS,
-                                             scale=attn.scaling, enable_gqa=True)
-        hidden_RWH = hidden_RWH + attn.o_proj(out.transpose(1, 2).flatten(2))
-        mlp_out = layer.mlp(_norm(layer.post_attention_layernorm, hidden_RWH))
-        hidden_RWH = hidden_RWH + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
+        hidden_RWH = apply_layer(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, allowed_RWS)
     return _norm(decoder.norm, hidden_RWH)
 
 
@@ -144,7 +180,8 @@ def _norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     which keep `variance_epsilon`), else through the module itself."""
     weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
     plain = isinstance(eps, float) and isinstance(weight, torch.Tensor) and weight.dim() == 1
-    if plain and x.dtype == weight.dtype == torch.float32:
+    # Under torch.compile the module's own ops fuse into one kernel each way, which beats the hand backward.
+    if plain and x.dtype == weight.dtype == torch.float32 and not torch.compiler.is_compiling():
         return _RMSNorm.apply(x, weight, eps)
     return module(x)
 

@@ -116,7 +116,7 @@ class Trainer:
                 logp_BT, entropy_BT = token_logprobs(
                     p.policy, micro.tokens_BL.to(p.device), micro.prompt_len_B.to(p.device),
                     micro.response_ids_BT.shape[1], temperature=cfg.rollout.temperature, with_entropy=True,
-                    mask_BT=micro.mask_BT.to(p.device))
+                    mask_BT=micro.mask_BT.to(p.device), compiled=cfg.trainer.compile)
                 out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT)
                 out.loss.backward()
                 acc.add(out.metrics, weight=out.num_loss_tokens)
@@ -150,9 +150,10 @@ class Trainer:
         for start in range(0, len(batch), step):
             idx = rows[start:start + step]
             part = batch.select(idx).trimmed()
-            logp, _ = token_logprobs(model, part.tokens_BL.to(self.parts.device), part.prompt_len_B.to(self.parts.device),
+            device = self.parts.device
+            logp, _ = token_logprobs(model, part.tokens_BL.to(device), part.prompt_len_B.to(device),
                                      part.response_ids_BT.shape[1], temperature=self.cfg.rollout.temperature,
-                                     mask_BT=part.mask_BT.to(self.parts.device))
+                                     mask_BT=part.mask_BT.to(device), compiled=self.cfg.trainer.compile)
             out[idx, :logp.shape[1]] = logp.float().cpu()
         return torch.where(batch.mask_BT, out, torch.zeros_like(out))[:, :T]
 

@@ -47,7 +47,7 @@ def test_shared_prompts_match_full_rows_values_and_grads(monkeypatch, temperatur
     """Three prompts of different lengths (left padding in the shared cache), groups of uneven response lengths,
     a one-token response (predicted from the prompt alone) and an empty one; for the hand-applied layers and
     for the decoder's own forward on a cache."""
-    monkeypatch.setattr(shared_prompts, "_runs_layer_by_layer", lambda model: layer_by_layer)
+    monkeypatch.setattr(shared_prompts, "runs_layer_by_layer", lambda model: layer_by_layer)
     model = build_tiny_qwen3(seed=5)
     calls = _spy_on_shared_path(monkeypatch, model)
     tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch(
@@ -110,8 +110,8 @@ def test_a_decoder_that_rejects_a_cache_takes_the_plain_path(monkeypatch):
 
 def test_attention_dropout_keeps_the_decoder_forward():
     """The hand-applied layers leave attention dropout out, so a model that has some uses its own forward."""
-    assert shared_prompts._runs_layer_by_layer(build_tiny_qwen3(seed=10))
-    assert not shared_prompts._runs_layer_by_layer(build_tiny_qwen3(seed=10, attention_dropout=0.1))
+    assert shared_prompts.runs_layer_by_layer(build_tiny_qwen3(seed=10))
+    assert not shared_prompts.runs_layer_by_layer(build_tiny_qwen3(seed=10, attention_dropout=0.1))
 
 
 def test_rms_norm_backward_matches_autograd_of_the_module():
@@ -132,3 +132,33 @@ def test_rms_norm_backward_matches_autograd_of_the_module():
     x64 = torch.randn(4, 5, dtype=torch.float64, generator=g, requires_grad=True)
     w64 = (torch.rand(5, dtype=torch.float64, generator=g) + 0.5).requires_grad_()
     assert torch.autograd.gradcheck(lambda a, b: shared_prompts._RMSNorm.apply(a, b, 1e-6), (x64, w64))
+
+
+def test_compiled_layers_match_the_eager_path_values_and_grads():
+    """`compiled=True` (trainer.compile) runs the layers through torch.compile: the same log-probs, entropies and
+    gradients as the eager hand-applied layers, on batches whose forwards have one row, a width of one, a
+    one-token prompt, and rows == width; one graph serves them all (no recompile mid-run)."""
+    from torch._dynamo.utils import counters
+
+    model = build_tiny_qwen3(seed=11)
+    batches = [
+        ([[5, 6, 7, 8], [9, 10], [11, 12, 13]], [[6, 1, 3], [4, 4], [0, 7, 2, 5]]),
+        ([[5, 6, 7], [4, 4]], [[5, 5], [5, 5]]),      # 4 rows x width 4
+        ([[5, 6, 7]], [[2, 2]]),                      # width 1
+        ([[5, 6, 7]], [[6, 1]]),                      # one row
+        ([[5], [4]], [[3, 3], [2, 4]]),               # one-token prompts
+    ]
+    counters.clear()
+    for prompts, lengths in batches:
+        tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch(prompts, lengths)
+        results = {}
+        for compiled in (False, True):
+            logp, ent = token_logprobs(model, tokens_BL, prompt_len_B, T, with_entropy=True, mask_BT=mask_BT,
+                                       compiled=compiled)
+            results[compiled] = (logp, ent, _loss_grads(model, logp, ent, mask_BT))
+        (eager_logp, eager_ent, eager_grads), (logp, ent, grads) = results[False], results[True]
+        torch.testing.assert_close(logp, eager_logp, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ent, eager_ent, rtol=0, atol=1e-5)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, eager_grads[name], rtol=0, atol=1e-5, msg=name)
+    assert counters["stats"]["unique_graphs"] == 1
