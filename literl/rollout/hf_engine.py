@@ -19,7 +19,7 @@ import torch
 from literl.rollout.decoding import Decoder, DistinctPrompts, DynamicCacheDecoder, distinct_prompts, prefill
 from literl.rollout.generator import Generation, SamplingParams
 from literl.rollout.sampling import gumbel_noise, sample_next_token
-from literl.rollout.static_kv import StaticKVDecoder, static_decode_step, supports_static_kv
+from literl.rollout.static_kv import StaticKVDecoder, compiled_decode_step, static_decode_step, supports_static_kv
 
 # Drop finished rows once they are at least this fraction of the live batch, so that the copy of the live
 # rows' cache is paid for by the steps it saves. On the benchmark workload (CPU time per rollout, 1 thread,
@@ -37,7 +37,7 @@ class HFEngine:
 
     `decode` picks the decode path: "auto" (the static-cache step when the model supports it), "static", or
     "dynamic" (the model's own forward). `compile=True` compiles the static step with `torch.compile`
-    (about 15 s once per engine on CPU; worth it only for long runs). `sync_every` sets how many steps pass
+    (about 10 s once per process on CPU; worth it only for long runs). `sync_every` sets how many steps pass
     between checks for finished rows (default: 1 on CPU, 8 on accelerators).
     """
 
@@ -57,7 +57,7 @@ class HFEngine:
         self.decode = decode
         self.sync_every = sync_every
         self._static_ok: bool | None = None
-        self._step_fn = torch.compile(static_decode_step, dynamic=True) if compile else static_decode_step
+        self._step_fn = compiled_decode_step() if compile else static_decode_step
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         if self.model is policy:

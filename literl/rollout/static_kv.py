@@ -15,10 +15,13 @@ any other model uses `DynamicCacheDecoder`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
+from literl.compiled import compile_for_varying_sizes
 from literl.rollout.decoding import DistinctPrompts, distinct_prompts, prefill
 
 _LAYER_PARTS = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
@@ -31,7 +34,7 @@ _UNSUPPORTED_CONFIG = ("attn_logit_softcapping", "final_logit_softcapping")
 class StaticKVDecoder:
     """Decoder over a preallocated per-layer KV cache [R, kv_heads, S, head_dim], S = P + max_new_tokens.
 
-    `step_fn` is `static_decode_step` or a compiled version of it (the engine compiles it once and reuses it).
+    `step_fn` is `static_decode_step` or its compiled version (`compiled_decode_step()`).
     """
 
     def __init__(self, model: torch.nn.Module, cache: DynamicCache, prompts: DistinctPrompts,
@@ -95,6 +98,15 @@ def static_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R
         mlp_out = layer.mlp(layer.post_attention_layernorm(hidden_R1H))
         hidden_R1H = hidden_R1H + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
     return model.get_output_embeddings()(body.norm(hidden_R1H))[:, 0]
+
+
+@functools.cache
+def compiled_decode_step():
+    """`static_decode_step` through `torch.compile` (compiled on first use, once per process; shared by every
+    engine): one graph for every batch size and cache column; a step with one row left runs eagerly
+    (`literl.compiled`)."""
+    return compile_for_varying_sizes(static_decode_step,
+                                     eager_when=lambda model, token_R, *rest: token_R.shape[0] < 2)
 
 
 def _attend(attn, x_R1H, cos_R1D, sin_R1D, keys_RKSD, values_RKSD, bias_R11S, column: int) -> torch.Tensor:

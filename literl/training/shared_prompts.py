@@ -23,9 +23,9 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.fx.experimental import _config as fx_config
 from transformers.cache_utils import DynamicCache
 
+from literl.compiled import compile_for_varying_sizes
 from literl.rollout.decoding import DistinctPrompts, distinct_prompts
 from literl.rollout.static_kv import has_supported_structure, rotate
 
@@ -132,21 +132,12 @@ def decoder_layer(layer: torch.nn.Module, hidden_RWH: torch.Tensor, prefix_keys:
 def compiled_decoder_layer():
     """`decoder_layer` through `torch.compile` (compiled on first use, once per process): inductor fuses each
     layer's element-wise work (norms, rotary, SiLU·up, residuals) forward and backward. One graph serves every
-    layer of a model (the layer's weights are graph inputs). On the step-speed benchmark (CPU, 2 threads):
-    8-13% less update time for a few seconds of compile.
-
-    Row counts, widths and prompt widths change from step to step: sizes stay symbolic (`dynamic=True`) and
-    two sizes that happen to be equal are not assumed equal next time (no duck shapes). A size of 1 would
-    still make dynamo compile a second graph mid-run (~10 s), so those rare small forwards run eagerly."""
-    compiled = torch.compile(decoder_layer, dynamic=True)
-
-    def layer(layer_module, hidden_RWH, prefix_keys, *rest):
-        if min(hidden_RWH.shape[0], hidden_RWH.shape[1], prefix_keys.shape[2]) < 2:
-            return decoder_layer(layer_module, hidden_RWH, prefix_keys, *rest)
-        with fx_config.patch(use_duck_shape=False):
-            return compiled(layer_module, hidden_RWH, prefix_keys, *rest)
-
-    return layer
+    layer of a model (the layer's weights are graph inputs) and every bucket shape; forwards with one row, a
+    width of one or a one-token prompt run eagerly (`literl.compiled`). On the step-speed benchmark (CPU,
+    2 threads): 8-13% less update time for a few seconds of compile."""
+    return compile_for_varying_sizes(
+        decoder_layer, eager_when=lambda layer, hidden_RWH, prefix_keys, *rest: min(
+            hidden_RWH.shape[0], hidden_RWH.shape[1], prefix_keys.shape[2]) < 2)
 
 
 def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv, *, apply_layer=decoder_layer

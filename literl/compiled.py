@@ -1,0 +1,29 @@
+"""`torch.compile` for functions whose tensor sizes change from call to call (rows still decoding, bucket widths).
+
+Dynamo compiles one graph with symbolic sizes (`dynamic=True`), but by default it still specialises in two ways
+that cost a fresh compile (several seconds on CPU) in the middle of a run: on a size of 1 (a rollout's last
+unfinished row, a one-row training forward), and on two sizes that happened to be equal at the first call
+("duck shapes": rows == width once, different later). Here equal sizes are never assumed equal, and calls
+with a size-1 input run the function eagerly, so one graph serves the whole run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.fx.experimental import _config as fx_config
+
+
+def compile_for_varying_sizes(fn: Callable, *, eager_when: Callable[..., bool]) -> Callable:
+    """`fn` compiled with symbolic sizes; calls for which `eager_when(*args)` is True (those with a size of 1)
+    run `fn` itself. Compiles on first use."""
+    compiled = torch.compile(fn, dynamic=True)
+
+    def call(*args):
+        if eager_when(*args):
+            return fn(*args)
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(*args)
+
+    return call
