@@ -113,7 +113,7 @@ def main(argv=None) -> None:
     chunked = _run_child(args, "chunked", args.rows)
     body = _run_child(args, "body", args.rows)
     direct = [_run_child(args, "direct", int(r)) for r in args.direct_rows.split(",")]
-    (r0, m0), (r1, m1) = (direct[0]["rows"], direct[0]["pass_peak_gib"]), (direct[-1]["rows"], direct[-1]["pass_peak_gib"])
+    (r0, m0), (r1, m1) = ((run["rows"], run["pass_peak_gib"]) for run in (direct[0], direct[-1]))
     per_row = (m1 - m0) / (r1 - r0) if r1 != r0 else m0 / r0
     direct_estimate = m0 + per_row * (args.rows - r0)
     logits_gb = args.rows * args.response * args.vocab * 4 / GIB

@@ -72,7 +72,7 @@ class RolloutConfig:
                               "the batch")
     decode: str = knob("auto", "decode path: auto (static KV cache when the model's structure allows it) | "
                                "static | dynamic (the model's own forward with a growing cache)")
-    compile: bool = knob(False, "torch.compile the static decode step (about 15 s once; pays off on long runs)")
+    compile: bool = knob(False, "torch.compile the static decode step (about 10 s once; pays off on long runs)")
 
 
 @dataclass

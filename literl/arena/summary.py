@@ -1,7 +1,7 @@
 """From run records to the ablation's summary: per-run scores, per-cell intervals, paired comparisons.
 
-`summarize` is pure over `RunRecord`s (the formulas live in `literl.arena.stats`); `write_summary` writes
-summary.json atomically and `print_summary` shows the same numbers as rich tables.
+`summarize` is pure over `RunRecord`s (the formulas live in `literl.arena.stats`); `literl.arena.ablation`
+writes its result to summary.json and `print_summary` shows the same numbers as rich tables.
 """
 
 from __future__ import annotations
@@ -122,8 +122,6 @@ def _seed_means_over_scenarios(variant: str, baseline: str, scores: dict, score:
             variant_means[seed] = sum(scores[(variant, s)][seed][score] for s in both) / len(both)
             baseline_means[seed] = sum(scores[(baseline, s)][seed][score] for s in both) / len(both)
     return variant_means, baseline_means
-
-
 
 
 # ---------------------------------------------------------------------------------------------- terminal

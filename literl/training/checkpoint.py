@@ -46,8 +46,6 @@ def _replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-
-
 def rng_state(sampling_rng: torch.Generator) -> dict:
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
              "sampling": sampling_rng.get_state()}

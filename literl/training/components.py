@@ -219,6 +219,3 @@ def _reward_specs(cfg: Config, reward_fns: Sequence | None) -> list[tuple]:
         fn, weight = item if isinstance(item, tuple) else (item, 1.0)
         specs.append((fn, float(weight)))
     return specs
-
-
-

@@ -54,7 +54,8 @@ class Console:
             self._progress.update(self._task, completed=step, metrics=_fmt(metrics))
         elif self.enabled and (step % self.plain_every == 0 or step == self._total or step == 1):
             elapsed = time.perf_counter() - self._started
-            self.rich.print(f"step {step}/{self._total}  {_fmt(metrics)}  [{elapsed:.0f}s]", highlight=False, markup=False)
+            self.rich.print(f"step {step}/{self._total}  {_fmt(metrics)}  [{elapsed:.0f}s]", highlight=False,
+                            markup=False)
 
     def stop(self) -> None:
         if self._progress is not None:

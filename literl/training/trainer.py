@@ -147,10 +147,10 @@ class Trainer:
         rows = torch.arange(len(batch))
         step = max(1, self.cfg.trainer.micro_batch_tokens // max(int(batch.lengths_B.max()), 1))
         model.eval()
+        device = self.parts.device
         for start in range(0, len(batch), step):
             idx = rows[start:start + step]
             part = batch.select(idx).trimmed()
-            device = self.parts.device
             logp, _ = token_logprobs(model, part.tokens_BL.to(device), part.prompt_len_B.to(device),
                                      part.response_ids_BT.shape[1], temperature=self.cfg.rollout.temperature,
                                      mask_BT=part.mask_BT.to(device), compiled=self.cfg.trainer.compile)
