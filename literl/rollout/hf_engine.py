@@ -19,7 +19,8 @@ import torch
 from literl.rollout.decoding import Decoder, DistinctPrompts, DynamicCacheDecoder, distinct_prompts, prefill
 from literl.rollout.generator import Generation, SamplingParams
 from literl.rollout.sampling import gumbel_noise, sample_next_token
-from literl.rollout.static_kv import StaticKVDecoder, compiled_decode_step, static_decode_step, supports_static_kv
+from literl.rollout.static_kv import (StaticKVDecoder, attention_window, compiled_decode_step, fits_attention_window,
+                                     static_decode_step, supports_static_kv)
 
 # Drop finished rows once they are at least this fraction of the live batch, so that the copy of the live
 # rows' cache is paid for by the steps it saves. On the benchmark workload (CPU time per rollout, 1 thread,
@@ -90,8 +91,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            use_static = self.uses_static_kv
             prepared = distinct_prompts(prompts, self.pad_id, device)
+            use_static = self.uses_static_kv and self._fits_window(prepared.width + T)
             first_logits_UV, cache = prefill(self.model, prepared)
             decoder = self._decoder(cache, prepared, T, use_static)
             ids_BT, logp_BT = self._sample_loop(decoder, first_logits_UV[prepared.source_B], params,
@@ -99,6 +100,17 @@ class HFEngine:
         finally:
             self.model.train(was_training)
         return self._generation(ids_BT, logp_BT)
+
+    def _fits_window(self, length: int) -> bool:
+        """Sequences longer than a sliding attention window decode through the model's own forward, whose cache
+        keeps the window; the static step attends to every column."""
+        if fits_attention_window(self.model, length):
+            return True
+        if self.decode == "static":
+            raise ValueError(f"decode='static' attends to every position, but {type(self.model).__name__} uses a "
+                             f"sliding attention window of {attention_window(self.model)} and these sequences "
+                             f"reach {length} positions; use decode='auto' or 'dynamic' (rollout.decode)")
+        return False
 
     def _decoder(self, cache, prepared: DistinctPrompts, T: int, use_static: bool) -> Decoder:
         if use_static:

@@ -8,7 +8,8 @@ attends over the columns written so far, and the layers' own submodules (norms, 
 block, rotary embedding) do the maths, so the numbers are those of the model's forward.
 
 It applies to pre-norm decoders whose layers compute `h += attn(input_layernorm(h)); h += mlp(post_norm(h))`
-with q/k/v/o projections, optional per-head q/k norms and standard rotary embeddings, and no sliding window.
+with q/k/v/o projections, optional per-head q/k norms and standard rotary embeddings; a model with
+sliding-window layers only while the sequence fits in the window (`fits_attention_window`).
 `supports_static_kv` checks the structure and then compares a few decode steps with the model's forward;
 any other model uses `DynamicCacheDecoder`.
 """
@@ -146,6 +147,30 @@ def supports_static_kv(model: torch.nn.Module) -> bool:
         return _matches_forward(model)
     except (AttributeError, TypeError, ValueError, RuntimeError, IndexError):
         return False
+
+
+def attention_window(model: torch.nn.Module) -> int | None:
+    """The attention window of the model's sliding-window layers; None when every layer sees the whole sequence.
+
+    Sliding-window layers (Mistral's; Gemma 2/3's and Qwen2's with `use_sliding_window`, those `layer_types`
+    marks "sliding_attention") attend to the last `sliding_window` positions only, and the model's cache keeps
+    only those. The static decode step and the shared-prompt training forward attend to every position, so for
+    such a model they are exact only on sequences shorter than the window.
+    """
+    config = getattr(model, "config", None)
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return int(window) if any("sliding" in str(kind) for kind in layer_types) else None
+    return None if getattr(config, "use_sliding_window", True) is False else int(window)
+
+
+def fits_attention_window(model: torch.nn.Module, length: int) -> bool:
+    """Whether a sequence of `length` positions (padding included) is shorter than every attention window."""
+    window = attention_window(model)
+    return window is None or length < window
 
 
 def has_supported_structure(model: torch.nn.Module) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from literl.training import shared_prompts
+from literl.rollout.static_kv import fits_attention_window
 
 # Accelerators: logits per tile (fp32 elements); 2^25 is 128 MB, two of which are alive at once in backward.
 DEFAULT_CHUNK_LOGITS = 1 << 25
@@ -95,7 +96,9 @@ def _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT, compiled:
     """Hidden states at the real response positions (valid_BT's True entries, row-major): a prompt that several
     rows share runs once (`shared_prompts`), else whole rows run, grouped by length."""
     prompts = shared_prompts.shared_prompts(tokens_BL, prompt_len_B)
-    if prompts is not None and shared_prompts.matches_plain_forward(model):
+    # The shared path attends to the whole prompt cache: exact only within a sliding attention window.
+    if (prompts is not None and fits_attention_window(model, tokens_BL.shape[1])
+            and shared_prompts.matches_plain_forward(model)):
         return shared_prompts.response_hidden(model, tokens_BL, prompt_len_B, valid_BT, prompts,
                                               buckets=forward_groups, compiled=compiled)
     return _response_hidden_by_length(model.get_decoder(), tokens_BL, pos_BT, valid_BT)

@@ -207,3 +207,49 @@ def test_compiled_static_step_matches_eager():
         assert torch.equal(compiled.response_ids_BT, eager.response_ids_BT)
         torch.testing.assert_close(compiled.rollout_logp_BT, eager.rollout_logp_BT, rtol=0, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def _tiny_mistral(window: int):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=1, head_dim=16, intermediate_size=64, sliding_window=window,
+                           pad_token_id=PAD)
+    return MistralForCausalLM(config).eval()
+
+
+def test_sequences_longer_than_a_sliding_window_decode_through_the_models_forward():
+    """A window of 16: the static step passes its short probe, but 10 prompt + 12 new tokens outgrow the window,
+    where the static step (which attends to every column) would be wrong by ~1e-2."""
+    model = _tiny_mistral(window=16)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]] * 2 + [[9, 10]] * 2
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    engine = _engine(model, "auto", eos_token_ids=[EOS])
+    gen = engine.generate(prompts, params, rng=torch.Generator().manual_seed(0))
+    assert engine.uses_static_kv        # the model itself is supported; only these lengths are not
+    assert int(gen.mask_BT.sum(-1).max()) > 6
+    for b, prompt in enumerate(prompts):
+        n = int(gen.mask_BT[b].sum())
+        expected = _full_forward_logp(model, prompt, gen.response_ids_BT[b, :n].tolist(), params.temperature)
+        torch.testing.assert_close(gen.rollout_logp_BT[b, :n], expected, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="sliding attention window of 16"):
+        _engine(model, "static", eos_token_ids=[EOS]).generate(prompts, params)
+
+
+def test_attention_window_reads_each_family_config():
+    from transformers import Gemma3TextConfig, Qwen2Config, Qwen3Config
+
+    from literl.rollout.static_kv import attention_window, fits_attention_window
+
+    class Holder(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+
+    assert attention_window(Holder(Qwen3Config())) is None
+    assert attention_window(Holder(Qwen2Config(use_sliding_window=True, sliding_window=6, max_window_layers=0))) == 6
+    assert attention_window(Holder(Gemma3TextConfig(sliding_window=512))) == 512
+    assert attention_window(_tiny_mistral(window=16)) == 16
+    assert fits_attention_window(_tiny_mistral(window=16), 15)
+    assert not fits_attention_window(_tiny_mistral(window=16), 16)

@@ -162,3 +162,22 @@ def test_compiled_layers_match_the_eager_path_values_and_grads():
         for name, grad in grads.items():
             torch.testing.assert_close(grad, eager_grads[name], rtol=0, atol=1e-5, msg=name)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_rows_longer_than_a_sliding_window_take_the_plain_path(monkeypatch):
+    """Mistral with a window of 16 passes the shared path's short probe; rows of up to 22 tokens would attend
+    past the window there (log-prob errors ~1e-2), so they run through the model's own forward."""
+    from tests.rollout.test_engine import _tiny_mistral
+
+    model = _tiny_mistral(window=16)
+    calls = _spy_on_shared_path(monkeypatch, model)
+    tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch(
+        [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [9, 10]], [[12, 5], [9, 3]])
+    ref_logp, ref_ent = _direct(model, tokens_BL, prompt_len_B, T, 1.0)
+    ref_grads = _loss_grads(model, ref_logp, ref_ent, mask_BT)
+    logp, ent = token_logprobs(model, tokens_BL, prompt_len_B, T, temperature=1.0, with_entropy=True,
+                               mask_BT=mask_BT)
+    assert shared_prompts.matches_plain_forward(model) and calls == []
+    torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
+    for name, grad in _loss_grads(model, logp, ent, mask_BT).items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=0, atol=1e-5, msg=name)
