@@ -112,6 +112,7 @@ class Trainer:
         p.policy.train()
         for k, minibatch in enumerate(train.minibatches()):
             p.optimizer.zero_grad(set_to_none=True)
+            loss_tokens = 0
             for micro in minibatch.micro_batches(cfg.trainer.micro_batch_tokens):
                 logp_BT, entropy_BT = token_logprobs(
                     p.policy, micro.tokens_BL.to(p.device), micro.prompt_len_B.to(p.device),
@@ -119,16 +120,22 @@ class Trainer:
                     mask_BT=micro.mask_BT.to(p.device), compiled=cfg.trainer.compile)
                 out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT)
                 out.loss.backward()
+                loss_tokens += out.num_loss_tokens
                 acc.add(out.metrics, weight=out.num_loss_tokens)
                 acc.add({f"staleness/ppo_kl_mb{k}": out.metrics.get("st/ppo_kl", 0.0)}, weight=out.num_loss_tokens)
                 mask = micro.mask_BT.to(p.device)
                 acc.add({"entropy/mean": masked_mean(entropy_BT.detach(), mask)}, weight=int(mask.sum()))
                 acc.add({"entropy/token_max": masked_max(entropy_BT.detach(), mask)})
                 p.diagnostics.observe_update(micro, out.token_maps)
-            grad_norm = self._clip_gradients()
-            acc.add({"optim/grad_norm": grad_norm, "optim/lr": p.scheduler.get_last_lr()[0]})
-            p.optimizer.step()
-            p.scheduler.step()
+            # Every token masked (all rows truncated under the overlong filter, or IS-rejected): the gradient is
+            # zero, but AdamW's momentum would still move the weights (algorithms.md §4.1: skip the step).
+            skipped = loss_tokens == 0
+            grad_norm = 0.0 if skipped else self._clip_gradients()
+            acc.add({"optim/grad_norm": grad_norm, "optim/lr": p.scheduler.get_last_lr()[0],
+                     "optim/skipped_step": float(skipped)})
+            if not skipped:
+                p.optimizer.step()
+                p.scheduler.step()
         p.policy.eval()     # sampling and log-prob passes run without dropout
         return acc.result()
 

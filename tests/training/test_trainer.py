@@ -54,10 +54,25 @@ def test_every_preset_trains_two_steps_with_finite_loss(tiny_qwen3_dir, tmp_path
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
-        assert "optim/skipped_step" not in r
+        assert r["optim/skipped_step"] == 0.0
         assert r["loss/total"] is not None and math.isfinite(r["loss/total"])
         assert r["optim/grad_norm"] is not None and math.isfinite(r["optim/grad_norm"]) and r["optim/grad_norm"] > 0
     assert (run_dir / "final" / "config.json").exists() and (run_dir / "summary.json").exists()
+
+
+def test_a_step_with_every_token_masked_leaves_the_weights_alone(tiny_qwen3_dir, tmp_path):
+    """One new token per response, all truncated, under the overlong filter: zero gradient, and no AdamW step
+    (its weight decay and momentum would still move the weights; algorithms.md §4.1)."""
+    cfg = load_config(preset="lite_ppo", overrides=_overrides(
+        tiny_qwen3_dir, tmp_path / "r", "trainer.steps=1", "rollout.max_new_tokens=1", "optim.weight_decay=0.1",
+        "algorithm.loss_masks={overlong: {}}"))
+    run_dir = train(cfg, reward_fns=[length_reward])
+    (record,) = read_metrics(run_dir)
+    assert record["loss_mask/kept_token_frac"] == 0.0 and record["truncation_rate"] == 1.0
+    assert record["optim/skipped_step"] == 1.0 and record["optim/grad_norm"] == 0.0
+    before = load_file(str(next((tiny_qwen3_dir).glob("*.safetensors"))))
+    after = _params(run_dir)
+    assert all(torch.equal(after[k], before[k]) for k in after)
 
 
 def test_training_changes_the_parameters(tiny_qwen3_dir, tmp_path):
