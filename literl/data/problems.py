@@ -13,9 +13,11 @@ naming the count and the ids, and `ProblemSet.skipped_ids`. It is never silently
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -132,11 +134,18 @@ def normalize_records(rows: Sequence[dict], *, origin: str = "problem set", prob
 
 
 def answer_text(value: Any) -> str:
-    """A gold answer as a string; "" when there is none. 27.0 → "27"; a one-element list → its element."""
+    """A gold answer as a string; "" when there is none. 27.0 → "27", 1e-05 → "0.00001"; a one-element list →
+    its element."""
     if value is None or isinstance(value, bool):
         return "" if value is None else str(value)
     if isinstance(value, float):
-        return str(int(value)) if value.is_integer() else repr(value)
+        if not math.isfinite(value):
+            return repr(value)
+        # Positional, as answers are written: repr's `1e-05` is Python's spelling, which Math-Verify reads with
+        # Euler's e. repr's shortest digits, because the binary value's are noise (int(1e300) is 1000...0525...).
+        text = format(Decimal(repr(value)), "f")
+        text = text.rstrip("0").rstrip(".") if "." in text else text
+        return "0" if text == "-0" else text
     if isinstance(value, (list, tuple)):
         items = [answer_text(v) for v in value]
         return items[0] if len(items) == 1 else ", ".join(i for i in items if i)

@@ -13,11 +13,14 @@ How `is_equivalent(pred, gold)` decides, cheapest first:
 2. Fast path, in-process, a few microseconds. Both sides are normalised as text (whitespace, `\\left`/
    `\\right`, `\\dfrac`/`\\tfrac`, spacing commands, enclosing `$`, a trailing period). Equal texts are
    equivalent. Two plain integers are decided exactly (equal iff the same number: "007" = "7" ≠ "8").
-   Two plain decimals that are equal as decimals ("1.50" = "1.5") are equivalent. Everything else
+   Two plain decimals, E notation allowed, that are equal as decimals ("1.50" = "1.5", "8.7e8" =
+   "870000000") are equivalent. Everything else
    goes to step 3. This covers the embedded testbed (integers) and most benchmark golds written
    verbatim.
 3. Math-Verify (`parse` + `verify`, float rounding to 6 places) in an isolated worker process with a hard
-   wall-clock deadline (`timeout_s`, default 5 s; `isolation.py` says why a process). A bare answer is
+   wall-clock deadline (`timeout_s`, default 5 s; `isolation.py` says why a process). Surrounding
+   whitespace, enclosing `$` and a trailing period are dropped first, and an E-notation number ("8.7e8",
+   which Math-Verify would read with Euler's e) is rewritten as `8.7 \\times 10^{8}`. A bare answer is
    parsed as `\\boxed{answer}` so that LaTeX is read as LaTeX; a text with its own math delimiters is
    parsed as it is. On timeout the worker is killed and the answer is wrong.
 Verdicts of step 3 are cached (LRU), so a degenerate answer repeated across a group costs its deadline once.
@@ -75,7 +78,7 @@ def extract_final_answer(text: str) -> str | None:
 
 def _box_argument(text: str, start: int) -> tuple[str, int] | None:
     """(argument, end index) of the box command whose name ends at `start`; None if unclosed."""
-    while start < len(text) and text[start] in " \t":
+    while start < len(text) and text[start] in " \t\r\n":
         start += 1
     if start >= len(text):
         return None
@@ -99,7 +102,7 @@ def _box_argument(text: str, start: int) -> tuple[str, int] | None:
 _LAYOUT = re.compile(r"\\left(?![A-Za-z])|\\right(?![A-Za-z])|\\displaystyle|\\[,;:! ]|\s+")
 _FRAC_VARIANT = re.compile(r"\\[dt]frac(?![A-Za-z])")
 _INTEGER = re.compile(r"[+-]?\d+")
-_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 def normalize_answer_text(answer: str) -> str:
@@ -168,8 +171,8 @@ def is_equivalent(pred: str, gold: str, *, float_rounding: int = 6, strict: bool
         return verdict
     if _max_brace_depth(pred) > MAX_BRACE_DEPTH:
         return False
-    return _cached_slow_verdict(pred.strip(), gold.strip(), float_rounding, strict, allow_set_relation_comp,
-                                float(timeout_s))
+    return _cached_slow_verdict(_math_verify_text(pred), _math_verify_text(gold), float_rounding, strict,
+                                allow_set_relation_comp, float(timeout_s))
 
 
 def math_reward(response: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
@@ -210,6 +213,33 @@ def _cached_slow_verdict(pred: str, gold: str, float_rounding: int, strict: bool
 
 
 _MATH_DELIMITER = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed|\\fbox")
+_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+_E_NOTATION = re.compile(r"([+-]?\d+(?:\.\d+)?)[eE]([+-]?\d+)")
+
+
+def _math_verify_text(answer: str) -> str:
+    """The answer as Math-Verify should read it: without the wrapping that `normalize_answer_text` drops.
+
+    Whitespace inside is kept (`\\pi r` is not `\\pir` to a LaTeX parser). A trailing period ends the
+    sentence, not the math, yet Math-Verify fails on `12\\text{ cm}.` and misreads `1+i.`. It also reads the
+    `e` of `8.7e8` as Euler's number, hence the rewrite to `8.7 \\times 10^{8}`.
+    """
+    text = answer.strip()
+    while True:
+        if text.endswith(".") and not text.endswith(".."):      # `1, 2, ...` keeps its ellipsis
+            text = text[:-1].rstrip()
+            continue
+        for fence in ("$$", "$"):
+            inner = text[len(fence):-len(fence)]
+            # `$a$ or $b$` is two formulas, not one enclosed answer; `$5\$` ends with a literal dollar.
+            if (len(text) >= 2 * len(fence) and text.startswith(fence) and text.endswith(fence)
+                    and not inner.endswith("\\") and not _UNESCAPED_DOLLAR.search(inner)):
+                text = inner.strip()
+                break
+        else:
+            break
+    scientific = _E_NOTATION.fullmatch(text)
+    return f"{scientific[1]} \\times 10^{{{scientific[2]}}}" if scientific else text
 
 
 def check_with_math_verify(pred: str, gold: str, float_rounding: int = 6, strict: bool = True,

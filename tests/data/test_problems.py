@@ -126,6 +126,12 @@ def test_register_benchmark():
 
 
 @pytest.mark.parametrize("value,text", [(27.0, "27"), (2.5, "2.5"), (204, "204"), (" 7 ", "7"), (None, ""),
-                                        (["a"], "a"), (["1", "2"], "1, 2"), ("", "")])
+                                        (["a"], "a"), (["1", "2"], "1, 2"), ("", ""), (-3.0, "-3"), (-0.0, "0")])
 def test_answer_text(value, text):
+    assert answer_text(value) == text
+
+
+@pytest.mark.parametrize("value,text", [(1e-05, "0.00001"), (-1.5e-07, "-0.00000015"), (0.1, "0.1"),
+                                        (0.1 + 0.2, "0.30000000000000004"), (1e300, "1" + "0" * 300)])
+def test_float_answers_are_positional_without_binary_noise(value, text):
     assert answer_text(value) == text

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from literl.rewards.math_answer import (MAX_ANSWER_CHARS, extract_final_answer, is_equivalent, math_accuracy,
-                                        math_reward, normalize_answer_text)
+from literl.rewards.math_answer import (MAX_ANSWER_CHARS, _math_verify_text, extract_final_answer, is_equivalent,
+                                        math_accuracy, math_reward, normalize_answer_text)
 
 EXTRACTION_CASES = [
     # (response, extracted answer)
@@ -20,6 +20,8 @@ EXTRACTION_CASES = [
     ("\\fbox{7}", "7"),
     ("$\\boxed 9$ is it", "9"),                                                  # \boxed without braces
     ("\\boxed {  5 }", "5"),
+    ("\\boxed\n{5}", "5"),                                                       # a line break before the brace
+    ("\\boxed\r\n{\\frac{1}{2}}", "\\frac{1}{2}"),
     ("\\boxed{\\boxed{5}}", "5"),
     ("no box here: 42", None),
     ("\\boxed{12", None),                                                        # truncated: never completed
@@ -60,6 +62,56 @@ EQUIVALENCE_CASES = [
 @pytest.mark.parametrize("pred,gold,expected", EQUIVALENCE_CASES)
 def test_is_equivalent(pred, gold, expected):
     assert is_equivalent(pred, gold) is expected
+
+
+SCIENTIFIC_NOTATION_CASES = [
+    # (pred, gold, expected) — Minerva writes 21% of its golds in E notation
+    ("8.7E8", "8.7e8", True),
+    ("870000000", "8.7e8", True),                                                # fast path: exact decimals
+    ("0.00001", "1e-5", True),
+    ("-1e+5", "-100000", True),
+    ("8.7 \\times 10^{8}", "8.7e8", True),                                       # Math-Verify, e not Euler's
+    ("1.24 \\times 10^{-8}", "1.24e-8", True),
+    ("8.7e8", "8.7 \\times 10^{8}", True),
+    ("8.8e8", "8.7e8", False),
+    ("870000001", "8.7e8", False),
+    ("1.25 \\times 10^{-8}", "1.24e-8", False),
+    ("8.7 e^{8}", "8.7e8", False),
+]
+
+
+@pytest.mark.parametrize("pred,gold,expected", SCIENTIFIC_NOTATION_CASES)
+def test_scientific_notation(pred, gold, expected):
+    assert is_equivalent(pred, gold) is expected
+    assert math_reward(f"so $\\boxed{{{pred}}}$.", gold) == float(expected)
+
+
+TRAILING_PERIOD_CASES = [
+    # (boxed answer, gold): the period ends a sentence; these pairs differ as text, so Math-Verify decides
+    ("12\\text{ cm}.", "12"),
+    ("45^\\circ.", "45"),
+    ("20\\%.", "20"),
+    ("\\$12.50.", "12.5"),
+    ("2\\sqrt{2}.", "\\sqrt8"),
+    ("1+i.", "i+1"),
+    ("\\frac75+\\frac15i", "\\frac{7}{5} + \\frac{1}{5} i."),
+    ("7", "7\\text{ hours}."),
+    ("$\\pi r^2$.", "r^2 \\pi"),
+]
+
+
+@pytest.mark.parametrize("answer,gold", TRAILING_PERIOD_CASES)
+def test_trailing_period_does_not_make_a_correct_answer_wrong(answer, gold):
+    assert math_reward(f"The answer is \\boxed{{{answer}}}", gold) == 1.0
+
+
+def test_math_verify_sees_the_answer_unwrapped_but_not_squeezed():
+    assert _math_verify_text(" $\\pi r$. ") == "\\pi r"                        # not `\pir`
+    assert _math_verify_text("$$x + 1$$") == "x + 1"
+    assert _math_verify_text("$a$ or $b$") == "$a$ or $b$"                     # two formulas, not one wrapped
+    assert _math_verify_text("1, 2, ...") == "1, 2, ..."
+    assert _math_verify_text("-2.5E-3") == "-2.5 \\times 10^{-3}"
+    assert _math_verify_text("2e3x") == "2e3x"                                 # only a whole number is rewritten
 
 
 def test_math_reward_is_zero_or_one():
