@@ -69,25 +69,33 @@ def add_model_and_sampling_arguments(parser: argparse.ArgumentParser, *, max_new
 
 
 def run(args: argparse.Namespace) -> int:
+    from literl.data.prompts import resolve_template
     from literl.evaluation.evaluate import evaluate, print_results
 
     try:
+        check_counts(args)
+        sampling = sampling_params(args)
         model_dir, engine, tokenizer = load_engine(args.model, dtype=args.dtype, device=args.device)
         problem_sets = {s.name: s for s in load_problem_sets(args.benchmarks, args)}
-        sampling = sampling_params(args)
-        if args.samples < 1:
-            raise ValueError(f"--samples must be >= 1 (got {args.samples})")
+        template = resolve_template(args.template, tokenizer)
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"literl eval: error: {err}", file=sys.stderr)
         return 2
     output = Path(args.output or f"eval-{datetime.now():%Y%m%d-%H%M%S}.json")
     result = evaluate(engine, tokenizer, problem_sets, sampling=sampling, samples=args.samples,
-                      template=args.template, batch_size=args.batch_size, seed=args.seed, show_progress=True,
+                      template=template, batch_size=args.batch_size, seed=args.seed, show_progress=True,
                       keep_responses=args.save_responses, output_path=output,
                       metadata={"model": str(model_dir), "command": "literl eval"})
     print_results(result)
     print(f"results written to {output}")
     return 0
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """Reject a count that cannot work before the model loads, which is the slow part."""
+    for option, value in (("--samples", args.samples), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise ValueError(f"{option} must be >= 1 (got {value})")
 
 
 def sampling_params(args: argparse.Namespace):

@@ -117,26 +117,27 @@ def write_difficulty_outputs(output_dir: Path, name: str, records: Sequence[dict
 
 
 def run(args: argparse.Namespace) -> int:
-    from literl.evaluation.command import load_engine, load_problem_sets, sampling_params
+    from literl.data.prompts import resolve_template
+    from literl.evaluation.command import check_counts, load_engine, load_problem_sets, sampling_params
     from literl.evaluation.evaluate import evaluate
 
     try:
-        if args.samples < 1:
-            raise ValueError(f"--samples must be >= 1 (got {args.samples})")
+        check_counts(args)
         default_hard, default_medium = default_thresholds(args.samples)
         hard_max = default_hard if args.hard_max is None else args.hard_max
         medium_max = default_medium if args.medium_max is None else args.medium_max
         if not 0 <= hard_max <= medium_max <= args.samples:
             raise ValueError(f"need 0 <= --hard-max <= --medium-max <= --samples (got {hard_max}, {medium_max}, "
                              f"{args.samples})")
+        sampling = sampling_params(args)
         model_dir, engine, tokenizer = load_engine(args.model, dtype=args.dtype, device=args.device)
         (problems,) = load_problem_sets(args.problems, args)
-        sampling = sampling_params(args)
+        template = resolve_template(args.template, tokenizer)
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"literl difficulty: error: {err}", file=sys.stderr)
         return 2
     result = evaluate(engine, tokenizer, {problems.name: problems}, sampling=sampling, samples=args.samples,
-                      template=args.template, batch_size=args.batch_size, seed=args.seed, show_progress=True)
+                      template=template, batch_size=args.batch_size, seed=args.seed, show_progress=True)
     counts = [p["num_correct"] for p in result["benchmarks"][problems.name]["problems"]]
     output_dir = Path(args.output_dir or f"difficulty-{problems.name}")
     summary = write_difficulty_outputs(output_dir, problems.name, list(problems), counts, args.samples,

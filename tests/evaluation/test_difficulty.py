@@ -52,3 +52,30 @@ def test_difficulty_end_to_end(tiny_qwen3_dir, shared_data, tmp_path, monkeypatc
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tier_sizes"] == split_sizes and summary["model"] == str(tiny_qwen3_dir)
     assert "hard" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("options,message", [
+    (("--batch-size", "0"), "--batch-size must be >= 1 (got 0)"),
+    (("--samples", "0"), "--samples must be >= 1 (got 0)"),
+    (("--samples", "4", "--hard-max", "3", "--medium-max", "2"), "need 0 <= --hard-max <= --medium-max"),
+])
+def test_difficulty_rejects_bad_settings_before_loading_the_model(tmp_path, monkeypatch, capsys, options, message):
+    argv = ["difficulty", "--model", str(tmp_path / "missing"), "--problems", "aime24", *options]
+    monkeypatch.setattr(sys, "argv", ["literl", *argv])
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"literl difficulty: error: {message}")
+
+
+def test_difficulty_reports_a_template_the_tokenizer_lacks_without_a_traceback(tiny_qwen3_dir, tmp_path,
+                                                                                monkeypatch, capsys):
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(json.dumps({"id": "1", "problem": "1+1", "answer": "2"}) + "\n")
+    out = tmp_path / "split"
+    argv = ["difficulty", "--model", str(tiny_qwen3_dir), "--problems", str(problems), "--template", "chat",
+            "--device", "cpu", "--output-dir", str(out)]
+    monkeypatch.setattr(sys, "argv", ["literl", *argv])
+    assert main(argv) == 2
+    err = capsys.readouterr().err                     # after the model-loading progress bars
+    assert err.splitlines()[-1].startswith("literl difficulty: error: template 'chat' needs a tokenizer with a "
+                                           "chat_template")
+    assert not out.exists()

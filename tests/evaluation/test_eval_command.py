@@ -45,6 +45,28 @@ def test_eval_reports_bad_input_without_a_traceback(tmp_path, monkeypatch, capsy
     assert "is not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option,value,message", [("--batch-size", "0", "--batch-size must be >= 1 (got 0)"),
+                                                  ("--samples", "0", "--samples must be >= 1 (got 0)")])
+def test_eval_rejects_bad_counts_before_loading_the_model(tmp_path, monkeypatch, capsys, option, value, message):
+    # The model path does not exist: the count must be reported first, without waiting for a model to load.
+    assert run_cli(monkeypatch, "eval", "--model", str(tmp_path / "missing"), option, value) == 2
+    assert capsys.readouterr().err.strip() == f"literl eval: error: {message}"
+
+
+def test_eval_reports_a_template_the_tokenizer_lacks_without_a_traceback(tiny_qwen3_dir, tmp_path, monkeypatch,
+                                                                          capsys):
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(json.dumps({"id": "1", "problem": "1+1", "answer": "2"}) + "\n")
+    output = tmp_path / "eval.json"
+    code = run_cli(monkeypatch, "eval", "--model", str(tiny_qwen3_dir), "--benchmarks", str(problems),
+                   "--template", "chat", "--device", "cpu", "--output", str(output))
+    assert code == 2
+    err = capsys.readouterr().err                     # after the model-loading progress bars
+    assert err.splitlines()[-1].startswith("literl eval: error: template 'chat' needs a tokenizer with a "
+                                           "chat_template")
+    assert "Traceback" not in err and not output.exists()
+
+
 def test_eval_help_explains_every_option(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         run_cli(monkeypatch, "eval", "--help")
