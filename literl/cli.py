@@ -63,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:     # output piped into `head` and closed early
         return 0
+    except Exception as err:
+        # A bad input that a command forgot to catch still gets its message and fix, not a traceback.
+        from literl.registry import ConfigError
+
+        if not isinstance(err, ConfigError):
+            raise
+        print(f"literl {name}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

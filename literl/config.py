@@ -3,7 +3,9 @@
 Every trick is a `TrickSpec(name, params)`; its parameters' defaults live in the trick function's signature
 (one source of truth) and are checked against it when the config loads, so a typo fails in the first
 second. Multi-entry axes (`loss_masks`, `reward_shaping`) are maps from trick name to params, applied in
-order. `literl config --explain` prints every key with its help text.
+order; a map given in a later layer replaces the earlier one whole, while a dotted override into one entry
+merges (`...soft_overlong.factor=0.5`) and `...soft_overlong=null` removes it. `literl config --explain`
+prints every key with its help text.
 
     literl train --preset dapo algorithm.policy_loss.name=cispo algorithm.policy_loss.params.ub=5.0
 """
@@ -55,15 +57,15 @@ class DataConfig:
     template: str = knob("auto", "prompt template: auto | plain | chat | raw (the testbed always uses raw)")
     difficulty: str = knob("mixed", "testbed training tier: easy | medium | hard | mixed")
     size: int = knob(20000, "testbed training problems to generate")
-    limit: int | None = knob(None, "use only the first N training problems")
+    limit: int | None = knob(None, "use only the first N training problems (N >= 1); null: all of them")
 
 
 @dataclass
 class RolloutConfig:
     prompts_per_step: int = knob(32, "P: prompts per rollout batch")
     group_size: int = knob(8, "G: samples per prompt")
-    temperature: float = knob(1.0, "sampling temperature (the log-probs of every policy use it too)")
-    top_p: float = knob(1.0, "nucleus sampling threshold; 1.0 disables it")
+    temperature: float = knob(1.0, "sampling temperature, > 0 (the log-probs of every policy use it too)")
+    top_p: float = knob(1.0, "nucleus sampling threshold in (0, 1]; 1.0 disables it")
     top_k: int = knob(0, "top-k sampling; 0 disables it")
     max_new_tokens: int = knob(64, "generation cap; a response that reaches it without EOS is truncated")
     dtype: str = knob("float32", "rollout precision: float32 | bfloat16 (bfloat16 makes a real "
@@ -98,14 +100,21 @@ class AlgorithmConfig:
     is_correction: TrickSpec = knob(help="training–inference importance-sampling correction",
                                     factory=lambda: trick("none"))
     kl: TrickSpec = knob(help="KL estimator to the reference policy", factory=lambda: trick("k3"))
-    kl_coef: float = knob(0.0, "β: KL weight; 0 disables the KL term and the reference model")
+    kl_coef: float = knob(0.0, "β: KL weight, >= 0; 0 disables the KL term and the reference model")
     kl_in_reward: bool = knob(False, "true: −β·KL(old‖ref) is a per-token reward penalty; false: β·KL(θ‖ref) "
                                      "is a loss term")
-    entropy_coef: float = knob(0.0, "entropy bonus weight (loss −= coef · aggregated entropy)")
-    loss_masks: dict[str, dict[str, Any]] = knob(help="loss masks, name → params (e.g. overlong: {})",
-                                                 factory=dict)
+    entropy_coef: float = knob(0.0, "entropy bonus weight, >= 0 (loss −= coef · aggregated entropy)")
+    loss_masks: dict[str, dict[str, Any]] = knob(
+        help="loss masks, name → params (e.g. overlong: {}). A map given in a YAML file or as "
+             "algorithm.loss_masks={...} replaces the preset's; algorithm.loss_masks.<name>.<param>=v merges "
+             "into one entry; algorithm.loss_masks.<name>=null (or ~algorithm.loss_masks.<name>) removes it",
+        factory=dict)
     reward_shaping: dict[str, dict[str, Any]] = knob(
-        help="reward transforms applied in order, name → params (e.g. rescale: {low: -1})", factory=dict)
+        help="reward transforms applied in order, name → params (e.g. rescale: {low: -1}). A map given in a "
+             "YAML file or as algorithm.reward_shaping={...} replaces the preset's ({} clears it); "
+             "algorithm.reward_shaping.<name>.<param>=v merges into one entry; "
+             "algorithm.reward_shaping.<name>=null (or ~algorithm.reward_shaping.<name>) removes it",
+        factory=dict)
     group_filter: TrickSpec = knob(help="which groups enter the batch (dynamic sampling)",
                                    factory=lambda: trick("keep_all"))
     bypass_mode: bool = knob(False, "use the rollout engine's log-probs as old_logp (no recompute pass)")
@@ -113,10 +122,11 @@ class AlgorithmConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float | None = knob(None, "AdamW learning rate; null: 1e-6 for a Hugging Face model (the LitePPO "
-                                  "paper's value), the testbed's tuned value for the testbed")
+    lr: float | None = knob(None, "AdamW learning rate; null: 1e-6 for a Hugging Face model, from model.path "
+                                  "or passed to literl.train (the LitePPO paper's value), the testbed's tuned "
+                                  "value for the testbed")
     weight_decay: float = knob(0.0, "AdamW weight decay")
-    betas: list[float] = knob(help="AdamW betas", factory=lambda: [0.9, 0.999])
+    betas: list[float] = knob(help="AdamW betas: two numbers in [0, 1)", factory=lambda: [0.9, 0.999])
     eps: float = knob(1e-8, "AdamW epsilon")
     max_grad_norm: float = knob(1.0, "gradient-norm clip; 0 disables it")
     warmup_steps: int = knob(0, "linear learning-rate warm-up, in optimizer steps")
@@ -132,10 +142,10 @@ class TrainerConfig:
     output_dir: str | None = knob(None, "run directory; null: runs/<preset>-<timestamp>")
     resume: bool = knob(False, "continue the run in output_dir from its last checkpoint")
     save_every: int = knob(0, "checkpoint every N steps (0: only at the end and on Ctrl-C)")
-    keep_checkpoints: int = knob(2, "how many recent checkpoints to keep")
+    keep_checkpoints: int = knob(2, "how many recent checkpoints to keep (0: keep all)")
     log_samples: int = knob(4, "sample responses written to samples.jsonl per step")
     trackers: list[str] = knob(help="extra metric sinks: tensorboard, wandb", factory=list)
-    threads: int | None = knob(None, "torch CPU threads; null: all cores")
+    threads: int | None = knob(None, "torch CPU threads, >= 1; null: all cores")
     recompute_old_logp: str = knob("auto", "auto: reuse the update's own detached log-probs as old_logp when "
                                            "that is exact (one on-policy mini-batch, no IS correction); "
                                            "always: run the recompute pass every step")
@@ -151,7 +161,8 @@ class EvalConfig:
     benchmarks: list[str] = knob(help="benchmarks to evaluate on; 'testbed' is the testbed's held-out split",
                                  factory=lambda: ["testbed"])
     samples: int = knob(4, "samples per problem (accuracy is their average)")
-    temperature: float | None = knob(None, "sampling temperature; null: rollout.temperature")
+    temperature: float | None = knob(None, "sampling temperature, > 0; null: rollout.temperature (greedy "
+                                             "accuracy comes from eval.greedy)")
     greedy: bool = knob(True, "also report greedy accuracy")
     limit: int | None = knob(200, "problems per benchmark (null: all)")
     max_new_tokens: int | None = knob(None, "null: rollout.max_new_tokens")

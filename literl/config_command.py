@@ -12,9 +12,15 @@ def add_presets_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_presets(args: argparse.Namespace) -> int:
     from literl.config_loader import preset_names, preset_summary, preset_text
+    from literl.registry import ConfigError
 
     if args.name:
-        print(preset_text(args.name))
+        try:
+            text = preset_text(args.name)
+        except ConfigError as err:
+            print(f"literl presets: {err}", file=sys.stderr)
+            return 2
+        print(text)
         return 0
     width = max(len(n) for n in preset_names())
     for name in preset_names():

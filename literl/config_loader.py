@@ -38,6 +38,7 @@ CHOICES = {
 }
 TESTBED_LR = 5e-5      # tuned on the testbed (docs/testbed.md); 3e-4 collapsed it in the prototype
 HF_MODEL_LR = 1e-6     # LitePPO paper §3.1
+TRICK_MAP_EXAMPLES = {"loss_masks": {"overlong": {}}, "reward_shaping": {"rescale": {"low": -1}}}
 
 
 # ---------------------------------------------------------------------------------------------- presets
@@ -64,24 +65,21 @@ def preset_summary(name: str) -> str:
 # ---------------------------------------------------------------------------------------------- loading
 def load_config(preset: str | None = None, config_file: str | Path | None = None,
                 overrides: Iterable[str] = (), *, base: Config | None = None) -> Config:
-    """Build a validated Config. Raises ConfigError with the fix on any bad key, value or trick."""
-    layers = [OmegaConf.structured(base or Config())]
+    """Build a validated Config. Raises ConfigError with the fix on any bad key, value or trick.
+
+    A map given for `algorithm.loss_masks` or `algorithm.reward_shaping` (in a YAML file, or as
+    `algorithm.reward_shaping={...}`) replaces the earlier layers' map; a dotted override into one entry
+    merges into it, and `<axis>.<name>=null` or `~<axis>.<name>` removes that entry.
+    """
+    merged = OmegaConf.structured(base or Config())
     if preset:
-        layers.append(_parse_yaml(preset_text(preset), f"preset '{preset}'"))
+        merged = _merge(merged, _parse_yaml(preset_text(preset), f"preset '{preset}'"), f"preset '{preset}'")
     if config_file:
         path = Path(config_file)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}. Pass an existing YAML file to --config.")
-        layers.append(_parse_yaml(path.read_text(), str(path)))
-    overrides = list(overrides)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}' is not key=value (e.g. trainer.steps=100)")
-    if overrides:
-        layers.append(OmegaConf.from_dotlist(overrides))
-    merged = layers[0]
-    for layer, source in zip(layers[1:], _layer_names(preset, config_file, overrides)):
-        merged = _merge(merged, layer, source)
+        merged = _merge(merged, _parse_yaml(path.read_text(), str(path)), str(path))
+    merged = _apply_overrides(merged, list(overrides))
     cfg: Config = OmegaConf.to_object(merged)
     if preset and cfg.preset is None:
         cfg.preset = preset
@@ -89,24 +87,40 @@ def load_config(preset: str | None = None, config_file: str | Path | None = None
     return cfg
 
 
-def _layer_names(preset, config_file, overrides) -> list[str]:
-    names = [f"preset '{preset}'"] if preset else []
-    names += [str(config_file)] if config_file else []
-    names += ["command-line overrides"] if overrides else []
-    return names
-
-
 def _parse_yaml(text: str, source: str):
     try:
         node = OmegaConf.create(text)
     except Exception as err:  # yaml syntax errors come in several types
-        raise ConfigError(f"{source} is not valid YAML: {err}") from None
-    return node if node is not None else OmegaConf.create({})
+        raise ConfigError(_top_level_problem(text, source) or f"{source} is not valid YAML: {err}") from None
+    if node is None:
+        return OmegaConf.create({})
+    if not OmegaConf.is_dict(node):
+        raise ConfigError(_top_level_problem(text, source) or f"{source} must hold a map at its top level")
+    return node
+
+
+def _top_level_problem(text: str, source: str) -> str | None:
+    """OmegaConf rejects a YAML scalar or list at the top level without saying so; name the shape instead."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    if data is None or isinstance(data, dict):
+        return None
+    return (f"{source} holds {_kind(data)} at its top level, but a config file is a map of sections, e.g. "
+            f"'trainer: {{steps: 10}}' (`literl config --explain` lists every key)")
 
 
 def _merge(base, layer, source: str):
-    _forget_params_of_renamed_tricks(base, layer)
+    problem = _shape_problem(OmegaConf.to_container(base, resolve=False),
+                             OmegaConf.to_container(layer, resolve=False), source)
+    if problem:
+        raise ConfigError(problem)
     try:
+        _forget_params_of_renamed_tricks(base, layer)
+        _replace_given_trick_maps(base, layer, source)
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
@@ -116,6 +130,54 @@ def _merge(base, layer, source: str):
         listing = f" Valid keys under '{parent or '<top>'}': {', '.join(valid)}." if valid else ""
         raise ConfigError(f"bad config key or value '{key}' in {source}: {msg}.{listing} "
                           f"`literl config --explain` lists every key.") from None
+
+
+def _shape_problem(want: dict, given: dict, source: str, prefix: str = "") -> str | None:
+    """A map where the config holds a list (or the reverse) makes OmegaConf raise a bare TypeError that names
+    no key; find the key first. Unknown keys are left to the merge, which lists the valid ones."""
+    for key, value in given.items():
+        if not isinstance(key, str) or key not in want:
+            continue
+        default, where = want[key], f"{prefix}{key}"
+        if isinstance(default, list) and not isinstance(value, list):
+            item_hint = f" (or set one item, e.g. {where}.0.weight=2)" if where == "reward.fns" else ""
+            return (f"{where} in {source} is {_kind(value)}, but it must be a list; give the whole list, "
+                    f"e.g. {where}={_flow(default) if default else '[a, b]'}{item_hint}")
+        if not isinstance(default, dict) or (value is None and _is_trick_map(where)):
+            continue
+        if not isinstance(value, dict):
+            return f"{where} in {source} is {_kind(value)}, but it must be a map: {_map_hint(where, default)}"
+        if not _is_trick_map(where):    # a trick map replaces the earlier one; _check_trick_map checks it
+            problem = _shape_problem(default, value, source, where + ".")
+            if problem:
+                return problem
+    return None
+
+
+def _map_hint(where: str, default: dict) -> str:
+    if _is_trick_map(where):
+        return f"trick name -> params, e.g. {where}={_flow(TRICK_MAP_EXAMPLES[where.split('.')[1]])}"
+    if set(default) == {"name", "params"}:
+        return (f"set {where}.name=<trick> and {where}.params.<param>=<value> "
+                f"(in YAML: {where.rsplit('.', 1)[-1]}: {{name: ..., params: {{...}}}})")
+    if where.endswith(".params"):
+        return f"parameter name -> value; set one with {where}.<param>=<value>"
+    return f"a section with the keys {', '.join(_valid_keys(where)) or '(see `literl config --explain`)'}"
+
+
+def _kind(value) -> str:
+    """The value's shape, with its article: 'a map', 'a list', 'null', 'the int 3'."""
+    return {dict: "a map", list: "a list", type(None): "null"}.get(type(value),
+                                                                   f"the {type(value).__name__} {value!r}")
+
+
+def _flow(value) -> str:
+    """A value in YAML flow style, as a key=value override takes it."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    return "null" if value is None else str(value)
 
 
 def _forget_params_of_renamed_tricks(base, layer) -> None:
@@ -129,6 +191,169 @@ def _forget_params_of_renamed_tricks(base, layer) -> None:
         new_name = spec.get("name") if spec is not None and hasattr(spec, "get") else None
         if new_name is not None and new_name != base.algorithm[field_name].name:
             base.algorithm[field_name].params = {}
+
+
+def _replace_given_trick_maps(base, layer, source: str) -> None:
+    """A layer that gives a loss_masks / reward_shaping map states the whole ordered pipeline, so it replaces
+    the earlier map instead of merging into it: a file listing only `rescale` must not keep a preset's
+    `soft_overlong`, and a map merge could never drop or reorder an entry."""
+    algo = layer.get("algorithm") if OmegaConf.is_dict(layer) else None
+    if not OmegaConf.is_dict(algo):
+        return
+    for field_name in MULTI_TRICKS:
+        if field_name not in algo:
+            continue
+        given = OmegaConf.to_container(algo, resolve=False)[field_name] or {}
+        _check_trick_map(f"algorithm.{field_name}", given, source)
+        algo[field_name] = given
+        base.algorithm[field_name] = {}
+
+
+def _check_trick_map(where: str, given: dict, source: str) -> None:
+    for name, params in given.items():
+        if params is None:
+            raise ConfigError(f"{where}.{name} is null in {source}; write '{name}: {{}}' for its default params, "
+                              f"or leave it out (a map given for {where} replaces the earlier one)")
+        if not isinstance(params, dict):
+            raise ConfigError(f"{where}.{name} in {source} is {_kind(params)}, but each entry maps a trick "
+                              f"to its params; write '{name}: {{}}' for the defaults, e.g. "
+                              f"{where}={_flow(TRICK_MAP_EXAMPLES[where.split('.')[1]])}")
+
+
+def _is_trick_map(dotted: str) -> bool:
+    return dotted in {f"algorithm.{f}" for f in MULTI_TRICKS}
+
+
+# ---------------------------------------------------------------------------------------------- overrides
+def _apply_overrides(merged, items: list[str]):
+    """Apply key=value overrides: whole values as one layer (as before), then one item of a list
+    (`reward.fns.0.weight=2`), then edits of the trick maps, each in command-line order."""
+    plain, list_items, map_edits = [], [], []
+    for item in items:
+        removal = item.startswith("~")
+        if removal and "=" in item:
+            raise ConfigError(f"override '{item}' mixes removal and assignment; write '{item.split('=')[0]}'")
+        if not removal and "=" not in item:
+            raise ConfigError(f"override '{item}' is not key=value (e.g. trainer.steps=100)")
+        key = item.lstrip("~").split("=", 1)[0].strip()
+        if _trick_map_of(key):
+            map_edits.append(item)
+        elif removal:
+            raise ConfigError(f"override '{item}': only algorithm.loss_masks, algorithm.reward_shaping and their "
+                              f"entries can be removed with ~; set other keys with key=value")
+        elif _inside_list(merged, key):
+            list_items.append(item)
+        else:
+            plain.append(item)
+    if plain:
+        merged = _merge(merged, _parse_overrides(plain), "command-line overrides")
+    for item in list_items:
+        _set_list_item(merged, item)
+    if map_edits:
+        _edit_trick_maps(merged, map_edits)
+    return merged
+
+
+def _parse_overrides(items: list[str]):
+    try:
+        return OmegaConf.from_dotlist(items)
+    except Exception as err:  # yaml and grammar errors come in several types
+        first = str(err).splitlines()[0]
+        bad = next((i for i in items if _unparsable(i)), ", ".join(items))
+        raise ConfigError(f"override '{bad}' has a value that is not valid YAML ({first}); quote maps and "
+                          f"lists whole, e.g. 'algorithm.loss_masks={{overlong: {{}}}}'") from None
+
+
+def _unparsable(item: str) -> bool:
+    try:
+        OmegaConf.from_dotlist([item])
+    except Exception:  # noqa: BLE001 - any parse failure marks the culprit
+        return True
+    return False
+
+
+def _trick_map_of(key: str) -> str | None:
+    parts = key.split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "algorithm" and parts[1] in MULTI_TRICKS else None
+
+
+def _inside_list(merged, key: str) -> bool:
+    """True when the key indexes into a list (`reward.fns.0.weight`): a dotlist layer would hold a map there,
+    which OmegaConf cannot merge into the list."""
+    node = merged
+    for part in key.split(".")[:-1]:
+        if not OmegaConf.is_dict(node) or part not in node:
+            return False
+        node = node[part]
+        if OmegaConf.is_list(node):
+            return True
+    return False
+
+
+def _set_list_item(merged, item: str) -> None:
+    parts = item.split("=", 1)[0].strip().split(".")
+    node, at = merged, 0
+    while not OmegaConf.is_list(node):
+        node, at = node[parts[at]], at + 1
+    list_key, index, current = ".".join(parts[:at]), parts[at], OmegaConf.to_container(node, resolve=False)
+    try:
+        merged.merge_with_dotlist([item])
+    except Exception as err:  # noqa: BLE001 - index, type and parse errors come in several types
+        out_of_range = index.lstrip("-").isdigit() and not -len(current) <= int(index) < len(current)
+        problem = f"index {index} is out of range" if out_of_range else str(err).splitlines()[0]
+        held = f"{list_key} has indices 0..{len(current) - 1}" if current else f"{list_key} is empty"
+        raise ConfigError(f"bad override '{item}': {problem} ({held}; to add or remove items give the whole "
+                          f"list, e.g. {list_key}={_flow(current) if current else '[a, b]'})") from None
+
+
+def _edit_trick_maps(merged, items: list[str]) -> None:
+    """Replay the overrides that touch algorithm.loss_masks / reward_shaping in order, on plain dicts."""
+    maps = {}
+    for item in items:
+        removal = item.startswith("~")
+        key = item.lstrip("~").split("=", 1)[0].strip()
+        field_name, path = _trick_map_of(key), key.split(".")[2:]
+        where = f"algorithm.{field_name}"
+        if field_name not in maps:
+            maps[field_name] = OmegaConf.to_container(merged.algorithm[field_name], resolve=False)
+        if removal:
+            _remove(maps[field_name], path, where, item)
+            continue
+        value = OmegaConf.to_container(_parse_overrides([item]), resolve=False)["algorithm"][field_name]
+        if not path:
+            if value is not None and not isinstance(value, dict):
+                raise ConfigError(f"{where} in override '{item}' is {_kind(value)}, but it must be a map: "
+                                  f"{_map_hint(where, {})}")
+            _check_trick_map(where, value or {}, f"override '{item}'")
+            maps[field_name] = value or {}
+            continue
+        name, entry = path[0], value[path[0]]
+        if len(path) == 1 and entry is None:
+            _remove(maps[field_name], path, where, item)
+        elif len(path) == 1 and not isinstance(entry, dict):
+            _check_trick_map(where, {name: entry}, f"override '{item}'")
+        else:
+            merged_entry = OmegaConf.merge(maps[field_name].get(name) or {}, entry)
+            maps[field_name][name] = OmegaConf.to_container(merged_entry, resolve=False)
+    for field_name, value in maps.items():
+        try:
+            merged.algorithm[field_name] = value
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"bad value for algorithm.{field_name}: {str(err).splitlines()[0]}") from None
+
+
+def _remove(trick_map: dict, path: list[str], where: str, item: str) -> None:
+    if not path:
+        trick_map.clear()
+        return
+    node = trick_map
+    for part in path[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or path[-1] not in node:
+        holds = ", ".join(trick_map) or "nothing"
+        raise ConfigError(f"override '{item}' removes {where}.{'.'.join(path)}, which is not set "
+                          f"({where} holds: {holds}); check the name against `literl config`")
+    del node[path[-1]]
 
 
 def _valid_keys(dotted_parent: str) -> list[str]:
@@ -162,16 +387,45 @@ def validate(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), name)
         _check(value in valid, f"{key}={value!r} is not one of: {', '.join(valid)}")
 
-    r, t = cfg.rollout, cfg.trainer
+    r, t, o, ev = cfg.rollout, cfg.trainer, cfg.optim, cfg.eval
     _check(r.prompts_per_step >= 1 and r.group_size >= 1, "rollout.prompts_per_step and rollout.group_size must be >= 1")
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+    # Sampling settings are otherwise checked only when the first rollout starts, after the model has loaded.
+    _check(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 (the log-probs are divided by it); "
+                              "use a small value such as 0.1 for near-greedy sampling")
+    _check(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
+    _check(r.top_k >= 0, f"rollout.top_k={r.top_k} must be >= 0; 0 disables top-k sampling")
+    _check(ev.temperature is None or ev.temperature > 0,
+           f"eval.temperature={ev.temperature} must be > 0, or null for rollout.temperature; greedy accuracy "
+           "is reported separately by eval.greedy=true")
+    _check(ev.max_new_tokens is None or ev.max_new_tokens >= 1,
+           f"eval.max_new_tokens={ev.max_new_tokens} must be >= 1, or null for rollout.max_new_tokens")
+    _check(ev.limit is None or ev.limit >= 1, f"eval.limit={ev.limit} must be >= 1, or null for every problem")
+    _check(ev.every >= 0, f"eval.every={ev.every} must be >= 0 (0: evaluate only before and after training)")
+    _check(cfg.data.limit is None or cfg.data.limit >= 1,
+           f"data.limit={cfg.data.limit} must be >= 1, or null to train on every problem")
+    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+           f"optim.betas={list(o.betas)} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.999]")
+    _check(o.lr is None or o.lr > 0, f"optim.lr={o.lr} must be > 0, or null for the model's default")
+    _check(o.eps > 0, f"optim.eps={o.eps} must be > 0")
+    _check(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0")
+    _check(o.max_grad_norm >= 0, f"optim.max_grad_norm={o.max_grad_norm} must be >= 0 (0 disables clipping)")
+    _check(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0")
+    _check(algo.kl_coef >= 0, f"algorithm.kl_coef={algo.kl_coef} must be >= 0 (0 disables the KL term)")
+    _check(algo.entropy_coef >= 0, f"algorithm.entropy_coef={algo.entropy_coef} must be >= 0 (0 disables the "
+                                   "entropy bonus)")
+    _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1, or null for all cores")
+    _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0: save only at the end and on "
+                              "Ctrl-C)")
+    _check(t.keep_checkpoints >= 0, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 0 (0: keep all)")
+    _check(t.log_samples >= 0, f"trainer.log_samples={t.log_samples} must be >= 0")
     _check(r.max_rounds >= 1, "rollout.max_rounds must be >= 1 (1 = no resampling)")
     _check(t.steps >= 0, "trainer.steps must be >= 0")
     _check(1 <= t.minibatches <= r.prompts_per_step,
            f"trainer.minibatches={t.minibatches} must be between 1 and rollout.prompts_per_step={r.prompts_per_step} "
            "(mini-batches hold whole groups)")
     _check(t.micro_batch_tokens >= 1, "trainer.micro_batch_tokens must be >= 1")
-    _check(cfg.eval.samples >= 1, "eval.samples must be >= 1")
+    _check(ev.samples >= 1, "eval.samples must be >= 1")
     _check(cfg.reward.timeout_s > 0, "reward.timeout_s must be > 0")
     _check(len(cfg.reward.fns) >= 1, "reward.fns needs at least one function (the first decides accuracy)")
     for fn in cfg.reward.fns:
@@ -201,11 +455,16 @@ def validate(cfg: Config) -> None:
     Objective.from_config(cfg).self_check()
 
 
-def resolve(cfg: Config) -> Config:
-    """Fill the 'auto' values that depend on other keys, so the saved config says exactly what ran."""
+def resolve(cfg: Config, *, external_model: bool = False) -> Config:
+    """Fill the 'auto' values that depend on other keys, so the saved config says exactly what ran.
+
+    external_model: the policy comes from the caller (`literl.train(cfg, model=...)`: a Hugging Face model
+    object or directory) rather than from cfg.model, so model.path cannot tell it from the testbed.
+    """
     out = dataclasses.replace(cfg)
     if out.optim.lr is None:
-        out.optim = dataclasses.replace(out.optim, lr=TESTBED_LR if out.model.path is None else HF_MODEL_LR)
+        hf_model = external_model or out.model.path is not None
+        out.optim = dataclasses.replace(out.optim, lr=HF_MODEL_LR if hf_model else TESTBED_LR)
     ev = out.eval
     out.eval = dataclasses.replace(
         ev, temperature=ev.temperature if ev.temperature is not None else out.rollout.temperature,
@@ -241,6 +500,12 @@ def explain() -> str:
             lines.append(f"  {key} = {_show(value)}    # {f.metadata.get('help', '')}")
 
     walk(Config(), "")
+    lines += ["", "Layers: defaults <- preset <- --config file <- key=value overrides. Maps merge key by key; a list",
+              "  is replaced whole (reward.fns=[...]) or one item is set by index (reward.fns.0.weight=2).",
+              "  algorithm.loss_masks and algorithm.reward_shaping are ordered pipelines: a map given for one, in a",
+              "  file or as algorithm.reward_shaping={...}, replaces the earlier map ({} clears it); a dotted key",
+              "  merges into one entry (algorithm.reward_shaping.rescale.low=-1); algorithm.reward_shaping.NAME=null",
+              "  or ~algorithm.reward_shaping.NAME removes one entry."]
     lines.append("\nTricks (algorithm.<axis>.name, algorithm.<axis>.params.<param>):")
     for axis, registry in ALL.items():
         lines.append(f"  {axis}:")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from literl.config_loader import (explain, from_yaml_file, load_config, preset_names, preset_summary, resolve,
-                                  to_yaml)
+from literl.config_loader import (HF_MODEL_LR, TESTBED_LR, explain, from_yaml_file, load_config, preset_names,
+                                  preset_summary, resolve, to_yaml)
 from literl.registry import ConfigError
 
 PRESETS = ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "lite_ppo", "minirl", "reinforce_pp"]
@@ -140,3 +140,135 @@ def test_switching_a_trick_by_name_drops_the_previous_tricks_params():
     assert cfg.algorithm.policy_loss.params == {}
     same = load_config(preset="dapo", overrides=["algorithm.policy_loss.name=ppo_clip"])
     assert same.algorithm.policy_loss.params["eps_high"] == 0.28
+
+
+# ---------------------------------------------------------------------------------------------- resolve
+def test_resolve_picks_the_hugging_face_lr_for_a_model_passed_in():
+    """literl.train(cfg, model=...) leaves model.path null; the caller says the policy is not the testbed."""
+    cfg = load_config()
+    assert resolve(cfg).optim.lr == TESTBED_LR
+    assert resolve(cfg, external_model=True).optim.lr == HF_MODEL_LR
+    assert resolve(load_config(overrides=["model.path=/some/model"])).optim.lr == HF_MODEL_LR
+    assert resolve(load_config(overrides=["optim.lr=3e-6"]), external_model=True).optim.lr == 3e-6
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("text, names", [
+    ("- a\n- b\n", ["top level", "list"]),
+    ("5\n", ["top level", "int"]),
+    ("algorithm:\n  reward_shaping: [rescale]\n", ["algorithm.reward_shaping", "list", "rescale: {low: -1}"]),
+    ("algorithm:\n  loss_masks: {overlong: 3}\n", ["algorithm.loss_masks.overlong", "overlong: {}"]),
+    ("algorithm:\n  loss_masks: {overlong: }\n", ["algorithm.loss_masks.overlong", "null", "overlong: {}"]),
+    ("algorithm: [1]\n", ["algorithm", "list", "policy_loss"]),
+    ("trainer: 5\n", ["trainer", "int 5", "steps"]),
+    ("reward:\n  fns: {0: {weight: 2}}\n", ["reward.fns", "must be a list", "reward.fns.0.weight=2"]),
+])
+def test_a_yaml_file_of_the_wrong_shape_names_the_key(tmp_path, text, names):
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(preset="dapo", config_file=path)
+    assert all(name in str(err.value) for name in names), str(err.value)
+
+
+@pytest.mark.parametrize("override, names", [
+    ("reward.fns={0: {weight: 2}}", ["reward.fns", "must be a list"]),
+    ("trainer.trackers=wandb", ["trainer.trackers", "must be a list"]),
+    ("algorithm.policy_loss=cispo", ["algorithm.policy_loss.name="]),
+    ("trainer=5", ["trainer", "steps"]),
+    ("trainer.steps={", ["trainer.steps={", "YAML"]),
+    ("reward.fns.1.weight=2", ["out of range", "reward.fns has indices 0..0"]),
+    ("reward.fns.0.wieght=2", ["wieght", "weight"]),
+    ("trainer.trackers.0=wandb", ["trainer.trackers is empty"]),
+])
+def test_an_override_of_the_wrong_shape_names_the_key(override, names):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[override])
+    assert all(name in str(err.value) for name in names), str(err.value)
+
+
+def test_an_override_sets_one_item_of_a_list():
+    cfg = load_config(overrides=["reward.fns.0.weight=2", "optim.betas.1=0.99"])
+    assert cfg.reward.fns[0].weight == 2.0 and cfg.reward.fns[0].fn.endswith(":math_accuracy")
+    assert cfg.optim.betas == [0.9, 0.99]
+    whole = load_config(overrides=["reward.fns=[{fn: 'a.b:c'}, {fn: 'a.b:d', weight: 0.5}]", "reward.fns.1.weight=3"])
+    assert [(f.fn, f.weight) for f in whole.reward.fns] == [("a.b:c", 1.0), ("a.b:d", 3.0)]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optim.betas=[0.9]", "optim.betas"), ("optim.betas=[0.9,1.0]", "optim.betas"),
+    ("optim.betas=[-0.1,0.9]", "optim.betas"), ("optim.lr=0", "optim.lr"), ("optim.eps=0", "optim.eps"),
+    ("trainer.threads=-1", "trainer.threads"), ("trainer.threads=0", "trainer.threads"),
+    ("rollout.temperature=0", "rollout.temperature"), ("rollout.temperature=-1", "rollout.temperature"),
+    ("rollout.top_p=0", "rollout.top_p"), ("rollout.top_p=1.5", "rollout.top_p"), ("rollout.top_k=-1", "rollout.top_k"),
+    ("eval.temperature=0", "eval.greedy"), ("eval.max_new_tokens=0", "eval.max_new_tokens"),
+    ("eval.limit=0", "eval.limit"), ("data.limit=0", "data.limit"), ("data.limit=-5", "data.limit"),
+    ("algorithm.kl_coef=-0.1", "algorithm.kl_coef"), ("algorithm.entropy_coef=-0.01", "algorithm.entropy_coef"),
+    ("eval.every=-1", "eval.every"), ("trainer.save_every=-1", "trainer.save_every"),
+    ("trainer.keep_checkpoints=-1", "trainer.keep_checkpoints"),
+])
+def test_values_that_would_fail_or_mislead_at_run_time_are_refused(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(overrides=[override])
+
+
+def test_documented_zero_and_null_meanings_still_load():
+    cfg = load_config(overrides=["trainer.keep_checkpoints=0", "trainer.save_every=0", "eval.every=0",
+                                 "trainer.threads=null", "data.limit=null", "eval.temperature=null",
+                                 "rollout.top_p=1.0", "trainer.threads=1", "eval.temperature=0.6"])
+    assert (cfg.trainer.keep_checkpoints, cfg.eval.every, cfg.data.limit) == (0, 0, None)
+    assert "0: keep all" in explain()
+
+
+def test_presets_command_with_an_unknown_name_says_so_without_a_traceback(capsys):
+    from literl.cli import main
+
+    assert main(["presets", "dapoo"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'dapoo'" in err and "dapo" in err and "Traceback" not in err
+    assert main(["presets", "dapo"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------- trick maps
+def test_an_empty_map_clears_a_presets_reward_shaping():
+    cfg = load_config(preset="dapo", overrides=["algorithm.reward_shaping={}"])
+    assert cfg.algorithm.reward_shaping == {}
+    assert load_config(preset="dapo", overrides=["~algorithm.reward_shaping"]).algorithm.reward_shaping == {}
+
+
+def test_a_map_given_in_an_override_or_file_replaces_the_presets_map_in_its_order(tmp_path):
+    cfg = load_config(preset="dapo", overrides=["algorithm.reward_shaping={soft_overlong: {}, rescale: {low: -1}}"])
+    assert list(cfg.algorithm.reward_shaping.items()) == [("soft_overlong", {}), ("rescale", {"low": -1})]
+    path = tmp_path / "mine.yaml"
+    path.write_text("algorithm:\n  reward_shaping:\n    soft_overlong: {factor: 0.5}\n")
+    assert load_config(preset="dapo", config_file=path).algorithm.reward_shaping == {"soft_overlong": {"factor": 0.5}}
+    path.write_text("algorithm:\n  reward_shaping:\n")
+    assert load_config(preset="dapo", config_file=path).algorithm.reward_shaping == {}
+
+
+def test_one_entry_is_removed_with_null_or_tilde():
+    for override in ("algorithm.reward_shaping.soft_overlong=null", "~algorithm.reward_shaping.soft_overlong"):
+        cfg = load_config(preset="dapo", overrides=[override])
+        assert cfg.algorithm.reward_shaping == {"rescale": {"low": -1.0, "high": 1.0}}, override
+    with pytest.raises(ConfigError, match="soft_overlng.*holds: rescale, soft_overlong"):
+        load_config(preset="dapo", overrides=["algorithm.reward_shaping.soft_overlng=null"])
+    with pytest.raises(ConfigError, match="only algorithm.loss_masks"):
+        load_config(overrides=["~trainer.steps"])
+
+
+def test_a_dotted_override_still_merges_into_one_entry():
+    cfg = load_config(preset="dapo", overrides=["algorithm.reward_shaping.soft_overlong.factor=0.5",
+                                                "algorithm.loss_masks.overlong={}"])
+    assert cfg.algorithm.reward_shaping == {"rescale": {"low": -1.0, "high": 1.0}, "soft_overlong": {"factor": 0.5}}
+    assert cfg.algorithm.loss_masks == {"overlong": {}}
+    tweak = load_config(preset="dapo", overrides=["algorithm.reward_shaping.rescale={low: 0.0}"])
+    assert tweak.algorithm.reward_shaping["rescale"] == {"low": 0.0, "high": 1.0}
+
+
+def test_trick_map_overrides_apply_in_command_line_order():
+    cleared_then_set = load_config(preset="dapo", overrides=["algorithm.reward_shaping={}",
+                                                             "algorithm.reward_shaping.rescale.low=-1"])
+    assert cleared_then_set.algorithm.reward_shaping == {"rescale": {"low": -1}}
+    set_then_cleared = load_config(preset="dapo", overrides=["algorithm.reward_shaping.rescale.low=-1",
+                                                             "algorithm.reward_shaping={}"])
+    assert set_then_cleared.algorithm.reward_shaping == {}
