@@ -23,6 +23,7 @@ from literl.diagnostics.mechanisms import MechanismDiagnostics
 from literl.objective import Objective
 from literl.rollout.collector import Collector, PromptStream
 from literl.rollout.generator import SamplingParams
+from literl.registry import ConfigError
 from literl.rollout.hf_engine import HFEngine
 from literl.training.console import Console
 from literl.training.evaluation_hook import build_evaluator
@@ -68,14 +69,14 @@ class RunComponents:
 def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None, tokenizer=None,
                      problems: Sequence[dict] | str | None = None,
                      reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
-    cfg = resolve(cfg)
+    cfg = resolve(cfg, external_model=model is not None)
     console = console or Console(cfg.trainer.progress)
     _quiet_hugging_face()
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)
     device = _device(cfg.trainer.device)
-    run_dir = _prepare_run_dir(cfg, console)
+    run_dir = _check_run_dir(cfg, console)
 
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
     policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
@@ -115,6 +116,9 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
         max_rounds=r.max_rounds, stream=PromptStream(len(data.problems), seed=cfg.seed), pad_id=pad_id)
     optimizer, scheduler = build_optimizer(cfg, policy)
     evaluator = build_evaluator(cfg, tokenizer=tokenizer, testbed=data.is_testbed)
+    # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
+    # the corrected command starts afresh instead of being told to resume.
+    _write_run_config(run_dir, cfg)
     log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(_as_dict(cfg), default=str)),
                      run_name=run_dir.name)
     diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
@@ -138,29 +142,34 @@ def _device(choice: str) -> torch.device:
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but no CUDA device is available; use trainer.device=cpu or auto")
+        raise ConfigError("trainer.device=cuda but no CUDA device is available; use trainer.device=cpu or auto")
     return torch.device(choice)
 
 
-def _prepare_run_dir(cfg: Config, console: Console) -> Path:
+def _check_run_dir(cfg: Config, console: Console) -> Path:
+    """The run directory; refuses one that holds a run unless resuming (before anything slow loads)."""
     if cfg.trainer.output_dir:
         run_dir = Path(cfg.trainer.output_dir)
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path("runs") / f"{cfg.preset or 'custom'}-{stamp}"
     config_path = run_dir / "config.yaml"
-    if run_dir.exists() and any(run_dir.iterdir()):
+    # A lone config.yaml is what a start that failed while loading left behind (before it was written last).
+    if run_dir.exists() and any(entry.name != "config.yaml" for entry in run_dir.iterdir()):
         if not cfg.trainer.resume:
             raise FileExistsError(
                 f"run directory {run_dir} already holds a run. Continue it with trainer.resume=true, or choose "
                 f"another trainer.output_dir (nothing there was changed).")
         if config_path.exists():
             _warn_config_changes(from_yaml_file(config_path), cfg, console)
+    return run_dir
+
+
+def _write_run_config(run_dir: Path, cfg: Config) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(config_path, to_yaml(cfg))
+    write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
     if not cfg.trainer.output_dir:
         _point_latest(run_dir)
-    return run_dir
 
 
 def _point_latest(run_dir: Path) -> None:
