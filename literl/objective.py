@@ -25,7 +25,8 @@ import torch
 
 from literl.batch import RolloutBatch, TrainBatch
 from literl.diagnostics.importance import is_decomposition, mismatch_metrics
-from literl.ops import group_mean_std, masked_mean
+from literl.ops import dense_group_index, group_min_max, masked_mean
+from literl.training.metrics import scalars
 from literl.tricks import (ADVANTAGES, AGGREGATIONS, GROUP_FILTERS, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_MASKS,
                            POLICY_LOSSES, REWARD_SHAPING)
 
@@ -33,7 +34,8 @@ from literl.tricks import (ADVANTAGES, AGGREGATIONS, GROUP_FILTERS, IS_CORRECTIO
 @dataclass
 class LossOutput:
     loss: torch.Tensor                      # this micro-batch's share of the step loss (with grad)
-    metrics: dict[str, torch.Tensor]        # scalar metrics, token-weighted by `num_loss_tokens`
+    metrics: dict                           # 0-dim tensors token-weighted by `num_loss_tokens`, and ops.Ratio /
+                                            # ops.SampleSize diagnostics that carry their own counts
     token_maps: dict[str, torch.Tensor] = field(default_factory=dict)   # per-token maps (clipped_high_BT ...)
     num_loss_tokens: int = 0
 
@@ -103,7 +105,10 @@ class Objective:
     def prepare(self, batch: RolloutBatch, *, old_logp_BT: torch.Tensor | None = None,
                 ref_logp_BT: torch.Tensor | None = None, minibatches: int = 1,
                 rng: torch.Generator | None = None) -> tuple[TrainBatch, dict[str, float]]:
-        """Everything that does not depend on θ: masks, IS weights, advantages, aggregation weights."""
+        """Everything that does not depend on θ: masks, IS weights, advantages, aggregation weights.
+
+        Metrics come back as floats of the whole batch; a min/max over no token (all masked) is left out.
+        """
         if self.bypass_mode:
             old_logp_BT = batch.rollout_logp_BT
         mask_BT = batch.mask_BT
@@ -142,17 +147,15 @@ class Objective:
             mask_BT=mask_BT, loss_mask_BT=loss_mask_BT, rollout_logp_BT=batch.rollout_logp_BT,
             old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT, adv_BT=adv_BT, is_weight_BT=is_weight_BT.detach(),
             weight_BT=weight_BT, minibatch_B=minibatch_B, extras=dict(batch.extras), pad_id=batch.pad_id)
-        return train, metrics
+        return train, scalars(metrics)
 
     @staticmethod
     def _batch_metrics(batch: RolloutBatch, adv_BT, mask_BT, loss_mask_BT) -> dict[str, float]:
-        _, std_B, count_B = group_mean_std(batch.rewards_B, batch.group_B)
-        multi = count_B > 1
         response_tokens = int(mask_BT.sum())
         return {
             "advantage/mean": float(masked_mean(adv_BT, loss_mask_BT)),
             "advantage/std": float(masked_mean((adv_BT - masked_mean(adv_BT, loss_mask_BT)) ** 2, loss_mask_BT).sqrt()),
-            "advantage/zero_std_group_frac": float(((std_B == 0) & multi).float().sum() / multi.sum().clamp(min=1)),
+            "advantage/zero_std_group_frac": _zero_std_group_frac(batch.rewards_B, batch.group_B),
             "loss_mask/kept_token_frac": float(loss_mask_BT.sum()) / max(response_tokens, 1),
             "loss_mask/masked_seq_frac": float((~loss_mask_BT.any(-1) & mask_BT.any(-1)).float().mean())
             if len(batch) else 0.0,
@@ -212,6 +215,21 @@ class Objective:
         if not torch.isfinite(out.loss) or not torch.isfinite(logp_BT.grad).all():
             raise ValueError("the configured objective produced a non-finite loss on a test batch; check the "
                              "algorithm params (e.g. clip bounds, caps)")
+
+
+def _zero_std_group_frac(rewards_B: torch.Tensor, group_B: torch.Tensor) -> float:
+    """Share of the groups with ≥ 2 scorable rewards whose scorable rewards are all equal (A = 0 for them).
+
+    NaN rewards are left out, as the advantages leave them out (algorithms.md §1); min = max is exact, where a
+    std of equal floats can carry rounding noise.
+    """
+    valid_B = ~torch.isnan(rewards_B)
+    index_B, n_groups = dense_group_index(group_B)
+    count = torch.zeros(n_groups, device=rewards_B.device).index_add_(0, index_B, valid_B.float())
+    lo_B, hi_B = group_min_max(rewards_B, group_B, valid_B)
+    equal = torch.zeros(n_groups, dtype=torch.bool, device=rewards_B.device).index_put_((index_B,), lo_B == hi_B)
+    judged = count > 1
+    return float((equal & judged).sum()) / max(int(judged.sum()), 1)
 
 
 def _assign_minibatches(group_B: torch.Tensor, minibatches: int, rng: torch.Generator | None) -> torch.Tensor:

@@ -7,6 +7,9 @@ explicit ids (`group_B`, any integers), never by assuming the G samples of a pro
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 
@@ -21,18 +24,74 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     return masked_sum(x, mask, dim) / count.clamp(min=1).to(x.dtype)
 
 
-def masked_max(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Max over True entries; 0 where nothing is selected."""
+def masked_max(x: torch.Tensor, mask: torch.Tensor, *, empty: float = -math.inf) -> torch.Tensor:
+    """Max over True entries; `empty` where nothing is selected.
+
+    The default −inf is the identity of max, so a micro-batch with no selected token leaves a step's max
+    unchanged (the metric accumulator drops it); pass e.g. empty=0.0 where the value feeds arithmetic.
+    """
     if not bool(mask.any()):
-        return torch.zeros((), dtype=x.dtype, device=x.device)
+        return torch.full((), empty, dtype=x.dtype, device=x.device)
     return x[mask].max()
 
 
-def masked_min(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Min over True entries; 0 where nothing is selected."""
+def masked_min(x: torch.Tensor, mask: torch.Tensor, *, empty: float = math.inf) -> torch.Tensor:
+    """Min over True entries; `empty` where nothing is selected (default +inf, the identity of min)."""
     if not bool(mask.any()):
-        return torch.zeros((), dtype=x.dtype, device=x.device)
+        return torch.full((), empty, dtype=x.dtype, device=x.device)
     return x[mask].min()
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A mean kept as (Σ numerator, Σ denominator) so that micro-batch values combine exactly: `a + b` adds
+    both sums, `float()` divides once, and gives `empty` when the denominator is 0.
+
+    For statistics whose own count is not the micro-batch's loss-token count: means over sequences, or over a
+    mask other than the loss mask (algorithms.md §7 diagnostics). Fields are 0-dim tensors or floats.
+    """
+    num: torch.Tensor | float
+    den: torch.Tensor | float
+    empty: float = 0.0
+
+    def __add__(self, other: Ratio) -> Ratio:
+        return Ratio(self.num + other.num, self.den + other.den, self.empty)
+
+    def __float__(self) -> float:
+        den = float(self.den)
+        return float(self.num) / den if den > 0 else self.empty
+
+
+@dataclass(frozen=True)
+class SampleSize:
+    """Normalised effective sample size from additive sums, so it combines exactly across micro-batches:
+
+        ESS = mean(w)² / mean(w²) = (Σw)² / (n·Σw²)
+
+    1 when nothing is selected (no weight to judge), 0 when every selected weight is 0.
+    """
+    sum_w: torch.Tensor | float
+    sum_w2: torch.Tensor | float
+    count: torch.Tensor | float
+
+    def __add__(self, other: SampleSize) -> SampleSize:
+        return SampleSize(self.sum_w + other.sum_w, self.sum_w2 + other.sum_w2, self.count + other.count)
+
+    def __float__(self) -> float:
+        n, sum_w2 = float(self.count), float(self.sum_w2)
+        if n == 0:
+            return 1.0
+        return float(self.sum_w) ** 2 / (n * sum_w2) if sum_w2 > 0 else 0.0
+
+
+def pooled_mean(x: torch.Tensor, mask: torch.Tensor) -> Ratio:
+    """Mean over True entries as a `Ratio` (Σ x, count); 0 when nothing is selected."""
+    return Ratio(masked_sum(x, mask), mask.sum())
+
+
+def pooled_ess(w: torch.Tensor, mask: torch.Tensor) -> SampleSize:
+    """`effective_sample_size` as a `SampleSize` that combines exactly across micro-batches."""
+    return SampleSize(masked_sum(w, mask), masked_sum(w * w, mask), mask.sum())
 
 
 def dense_group_index(group_B: torch.Tensor) -> tuple[torch.Tensor, int]:

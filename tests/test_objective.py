@@ -155,3 +155,14 @@ def test_fully_masked_step_gives_zero_loss_not_nan():
     out = obj.loss(logp, train)
     out.loss.backward()
     assert float(out.loss) == 0.0 and torch.isfinite(logp.grad).all()
+
+
+def test_zero_std_group_frac_leaves_nan_rewards_out():
+    """Groups (ids 0..3): [1, 1, NaN] → scorable [1, 1], zero std; [0, 1, NaN] → not; [NaN, 0.5, NaN] → one
+    scorable reward, not judged; [0.1, 0.1, 0.1] → zero std (min = max, no rounding noise). 2 of 3 judged → 2/3."""
+    nan = float("nan")
+    rewards = torch.tensor([1, 1, nan, 0, 1, nan, nan, 0.5, nan, 0.1, 0.1, 0.1])
+    batch = dataclasses.replace(_batch(B=12, G=3, empty_row=False), rewards_B=rewards)
+    with pytest.warns(UserWarning, match="single valid member"):
+        _, metrics = _objective().prepare(batch)
+    assert metrics["advantage/zero_std_group_frac"] == pytest.approx(2 / 3)

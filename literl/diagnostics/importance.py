@@ -18,7 +18,13 @@ For each part p ∈ {ti, st, tot}, over the masked tokens (w = e^d; exps take d 
     st/ppo_kl           = st/kl_k1 = mean(old_logp − logp)
     share/ti, share/st  Σ|d_ti| / (Σ|d_ti| + Σ|d_st|) and its complement: which factor carries the total
                         absolute log-weight (0 and 0 when both are exactly 0)
-Means over tokens unless the key says sequences (empty sequences are skipped). All 0-dim tensors.
+Means over tokens unless the key says sequences (empty sequences are skipped).
+
+The mask is the response mask, not the loss mask, and the sequence statistics count sequences, so the
+micro-batch's loss-token count is the wrong weight to combine them with. Means and shares therefore come back
+as `ops.Ratio` (Σ, count) and the ESS as `ops.SampleSize` (Σw, Σw², n): the metric accumulator adds them up
+and divides once, so a step's value is the statistic of its whole batch whatever the micro-batch split
+(`float()` gives one call's value). Maxima and minima are 0-dim tensors, ∓inf when the mask is empty.
 """
 
 from __future__ import annotations
@@ -34,9 +40,9 @@ def _kl_stats(d_BT, mask_BT):
     d = torch.where(mask_BT, d_BT.float(), 0.0)
     dc = d.clamp(-LOG_CLAMP, LOG_CLAMP)
     return {
-        "kl_k1": ops.masked_mean(-d, mask_BT),
-        "kl_k3": ops.masked_mean(torch.expm1(dc) - dc, mask_BT),
-        "abs_logdiff_mean": ops.masked_mean(d.abs(), mask_BT),
+        "kl_k1": ops.pooled_mean(-d, mask_BT),
+        "kl_k3": ops.pooled_mean(torch.expm1(dc) - dc, mask_BT),
+        "abs_logdiff_mean": ops.pooled_mean(d.abs(), mask_BT),
         "abs_logdiff_max": ops.masked_max(d.abs(), mask_BT),
     }
 
@@ -49,11 +55,11 @@ def _log_weight_stats(d_BT, mask_BT):
     seq_d_B = d.sum(-1).clamp(-LOG_CLAMP, LOG_CLAMP)
     stats = _kl_stats(d_BT, mask_BT)
     stats.update({
-        "chi2_token": ops.masked_mean(torch.expm1(2 * dc), mask_BT),
-        "chi2_seq": ops.masked_mean(torch.expm1(2 * seq_d_B), seq_valid_B),
-        "log_ppl_diff": ops.masked_mean(-ops.masked_mean(d, mask_BT, dim=-1), seq_valid_B),
-        "ess": ops.effective_sample_size(w, mask_BT),
-        "ratio_mean": ops.masked_mean(w, mask_BT),
+        "chi2_token": ops.pooled_mean(torch.expm1(2 * dc), mask_BT),
+        "chi2_seq": ops.pooled_mean(torch.expm1(2 * seq_d_B), seq_valid_B),
+        "log_ppl_diff": ops.pooled_mean(-ops.masked_mean(d, mask_BT, dim=-1), seq_valid_B),
+        "ess": ops.pooled_ess(w, mask_BT),
+        "ratio_mean": ops.pooled_mean(w, mask_BT),
         "ratio_min": ops.masked_min(w, mask_BT),
         "ratio_max": ops.masked_max(w, mask_BT),
     })
@@ -61,7 +67,7 @@ def _log_weight_stats(d_BT, mask_BT):
 
 
 @torch.no_grad()
-def is_decomposition(logp_BT, old_logp_BT, rollout_logp_BT, mask_BT) -> dict[str, torch.Tensor]:
+def is_decomposition(logp_BT, old_logp_BT, rollout_logp_BT, mask_BT) -> dict:
     """Statistics of the training–inference, staleness and total log-weights (see the module docstring).
 
         d_ti = old_logp − rollout_logp,  d_st = logp − old_logp,  d_tot = d_ti + d_st
@@ -75,15 +81,13 @@ def is_decomposition(logp_BT, old_logp_BT, rollout_logp_BT, mask_BT) -> dict[str
         out.update({f"{part}/{k}": v for k, v in _log_weight_stats(d, mask_BT).items()})
     out["st/ppo_kl"] = out["st/kl_k1"]
     abs_ti, abs_st = ops.masked_sum(d_ti.abs(), mask_BT), ops.masked_sum(d_st.abs(), mask_BT)
-    total = abs_ti + abs_st
-    safe = total.clamp(min=1e-30)  # only the total > 0 branch is used; the clamp keeps 0/0 out of the other
-    out["share/ti"] = torch.where(total > 0, abs_ti / safe, torch.zeros_like(total))
-    out["share/st"] = torch.where(total > 0, abs_st / safe, torch.zeros_like(total))
+    out["share/ti"] = ops.Ratio(abs_ti, abs_ti + abs_st)
+    out["share/st"] = ops.Ratio(abs_st, abs_ti + abs_st)
     return out
 
 
 @torch.no_grad()
-def mismatch_metrics(old_logp_BT, rollout_logp_BT, mask_BT) -> dict[str, torch.Tensor]:
+def mismatch_metrics(old_logp_BT, rollout_logp_BT, mask_BT) -> dict:
     """Per-step training–inference mismatch: kl_k1, kl_k3, abs_logdiff_mean, abs_logdiff_max of d_ti.
 
         d = old_logp − rollout_logp,  kl_k1 = mean(−d),  kl_k3 = mean(e^d − 1 − d)

@@ -127,6 +127,7 @@ class Trainer:
                 acc.add({"entropy/mean": masked_mean(entropy_BT.detach(), mask)}, weight=int(mask.sum()))
                 acc.add({"entropy/token_max": masked_max(entropy_BT.detach(), mask)})
                 p.diagnostics.observe_update(micro, out.token_maps)
+            acc.end_minibatch()     # loss/* of this optimizer step are complete: steps are averaged, not summed
             # Every token masked (all rows truncated under the overlong filter, or IS-rejected): the gradient is
             # zero, but AdamW's momentum would still move the weights (algorithms.md §4.1: skip the step).
             skipped = loss_tokens == 0

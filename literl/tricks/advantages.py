@@ -10,7 +10,8 @@ Shared rules (algorithms.md §1):
 - Every estimator is the one core `_normalize`: where the mean is taken × where the std is taken (ROLL's
   `norm_mean_type` × `norm_std_type` decomposition). Statistics are computed on values shifted by the
   scope's minimum, so an all-equal scope centres to exactly 0 and its advantage is exactly 0 (never the
-  rounding noise of a mean divided by a tiny std).
+  rounding noise of a mean divided by a tiny std). A zero denominator (std 0 with eps = 0) also gives 0, never
+  NaN (algorithms.md §1.1, §1.4).
 - A group with a single valid member has no baseline: A = 0, with a warning (not verl's A = r fallback).
 
 Registered: grpo, dr_grpo, batch_norm, lite_ppo, rloo, reinforce_pp, reinforce_pp_baseline.
@@ -54,7 +55,7 @@ def _group_centre(R_B, group_B, valid_B):
 
 
 def _batch_centre(R_B, valid_B, weights_B):
-    x_B = R_B - ops.masked_min(R_B, valid_B)
+    x_B = R_B - ops.masked_min(R_B, valid_B, empty=0.0)
     mean, _ = ops.batch_mean_std(x_B, valid_B, weights=weights_B)
     return x_B - mean
 
@@ -70,10 +71,18 @@ def _std(scope, R_B, group_B, valid_B, centred_B, *, unbiased, weights_B):
     return ops.batch_mean_std(R_B, valid_B, unbiased=unbiased, weights=weights_B)[1]
 
 
+def _safe_divide(centred, scale):
+    """centred / scale, and 0 where scale is 0: a scope without spread has A = 0 even with eps = 0 (§1.1)."""
+    nonzero = scale > 0
+    safe = torch.where(nonzero, scale, torch.ones_like(scale))   # keeps 0/0 out of the branch not taken
+    return torch.where(nonzero, centred / safe, torch.zeros_like(centred))
+
+
 def _normalize(R_B, group_B, valid_B, *, mean_scope, std_scope, unbiased=True, eps=0.0, weights_B=None):
     """A = (R − mean_scope(R)) / (std_scope(R) + eps), 0 for invalid sequences; std_scope None: no division.
 
     mean_scope: "group" | "batch" (weighted by weights_B if given).  std_scope: see `_std`.
+    A zero denominator (std 0, eps 0) gives A = 0: its centred values are 0 as well (algorithms.md §1.1, §1.4).
     """
     if mean_scope == "group":
         centred_B, _ = _group_centre(R_B, group_B, valid_B)
@@ -82,7 +91,7 @@ def _normalize(R_B, group_B, valid_B, *, mean_scope, std_scope, unbiased=True, e
     adv_B = centred_B
     if std_scope is not None:
         std = _std(std_scope, R_B, group_B, valid_B, centred_B, unbiased=unbiased, weights_B=weights_B)
-        adv_B = centred_B / (std + eps)
+        adv_B = _safe_divide(centred_B, std + eps)
     return torch.where(valid_B, adv_B, torch.zeros_like(adv_B))
 
 
@@ -190,10 +199,11 @@ def _discounted_returns(rewards_BT, mask_BT, gamma):
 
 
 def _whiten_tokens(x_BT, valid_BT, eps):
-    """Token-weighted whitening (x − mean)·rsqrt(var + eps), unbiased var over the valid tokens (verl)."""
-    ref = ops.masked_min(x_BT, valid_BT)
+    """Token-weighted whitening (x − mean)·rsqrt(var + eps), unbiased var over the valid tokens (verl);
+    0 where var + eps = 0 (constant returns with eps = 0), never NaN."""
+    ref = ops.masked_min(x_BT, valid_BT, empty=0.0)
     mean, std = ops.batch_mean_std(x_BT - ref, valid_BT, unbiased=True)
-    out = (x_BT - ref - mean) * torch.rsqrt(std ** 2 + eps)
+    out = _safe_divide(x_BT - ref - mean, (std ** 2 + eps).sqrt())
     return torch.where(valid_BT, out, torch.zeros_like(out)).float()
 
 

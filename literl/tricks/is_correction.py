@@ -10,7 +10,8 @@ denominators (TRL "mask", dilution); reject=True removes it (verl rollout_rs).
 
 Metrics over the response mask unless said: weight_mean, weight_min, weight_max and ess (1/mean(ŵ²),
 ŵ = w/mean(w)) over the kept tokens; truncated_frac (TIS: ρ > cap) or masked_frac (MIS: outside
-[low, high]).
+[low, high]). With no kept token, weight_min/weight_max are +inf/−inf (a min/max over nothing), which the
+objective leaves out of the logged metrics.
 
 Registered: none, token_tis, seq_tis, token_mis, seq_mis, geo_mis.
 """

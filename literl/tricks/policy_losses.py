@@ -11,7 +11,8 @@ Metrics are 0-dim tensors (masked means over `mask_BT` unless the key says other
     ratio_mean, ratio_min, ratio_max, approx_kl_k1 = mean(old − logp), approx_kl_k3 = mean(ρ − 1 − log ρ)
     clipped_low_BT, clipped_high_BT  per-token bool maps of the two binding sets (all False for reinforce)
 plus the loss-specific keys listed in each docstring. Keys ending in `_max`/`_min` reduce across
-micro-batches by max/min, `_BT` keys are maps, the rest by token-weighted mean.
+micro-batches by max/min (over no token they are −inf/+inf, which that reduction ignores), `_BT` keys are
+maps, the rest by token-weighted mean.
 
 Registered: reinforce, ppo_clip, gspo, gspo_token, cispo, minirl.
 """

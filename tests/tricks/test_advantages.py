@@ -219,3 +219,38 @@ def test_zero_std_group_is_exactly_zero():
     for name in ["grpo", "dr_grpo", "lite_ppo", "rloo"]:
         assert (ADVANTAGES.build(name)(r, g, m, z) == 0).all(), name
     assert (ADVANTAGES.build("batch_norm")(torch.full((6,), 0.3), g, m, z) == 0).all()
+
+
+EPS_ZERO_ESTIMATORS = [("grpo", {}), ("batch_norm", {}), ("batch_norm", {"weighting": "token"}), ("lite_ppo", {}),
+                       ("lite_ppo", {"std_of": "centered"}), ("reinforce_pp", {}), ("reinforce_pp_baseline", {})]
+
+
+@pytest.mark.filterwarnings("ignore:advantages")
+@pytest.mark.parametrize("name,params", EPS_ZERO_ESTIMATORS)
+@pytest.mark.parametrize("rewards,groups", [([1.0, 1.0, 1.0, 1.0], [0, 0, 1, 1]),     # constant batch
+                                            ([0.3, 0.3, 0.3, 0.3], [0, 1, 2, 3]),     # groups of one
+                                            ([0.7], [0])])                            # one sequence
+def test_eps_zero_without_spread_gives_zero_not_nan(name, params, rewards, groups):
+    """eps = 0 and nothing to divide by (std 0, var 0): A = 0, never 0/0 = NaN (§1.1, §1.4; style §3.2)."""
+    mask = [[1, 1, 0]] * len(rewards)
+    assert (run(name, rewards, groups, mask, eps=0.0, **params) == 0).all()
+
+
+@pytest.mark.filterwarnings("ignore:advantages")
+def test_grpo_eps_zero_hand():
+    """eps = 0, rewards [1,1 | 0,1 | 0.5] in groups 0, 1, 2: group 0 has std 0 → A = 0; group 1 has mean 0.5 and
+    unbiased std sqrt(0.5) = 0.7071 → A = ∓0.5/0.7071 = ∓0.7071; group 2 is a group of one → A = 0."""
+    close(run("grpo", [1, 1, 0, 1, 0.5], [0, 0, 1, 1, 2], eps=0.0)[:, 0], [0, 0, -0.7071, 0.7071, 0])
+
+
+@pytest.mark.parametrize("name,params", EPS_ZERO_ESTIMATORS)
+def test_eps_zero_is_the_eps_limit_where_there_is_spread(name, params):
+    """With spread in every scope, eps = 0 is the plain formula: it agrees with a tiny eps."""
+    r, g, m, z = random_batch(seed=4)
+    r[g == g[0]] = torch.tensor([1.0, 0.0, 0.0, 1.0])   # one group sure to have spread
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exact = ADVANTAGES.build(name, {**params, "eps": 0.0})(r, g, m, z)
+        near = ADVANTAGES.build(name, {**params, "eps": 1e-12})(r, g, m, z)
+    assert torch.isfinite(exact).all() and exact.abs().max() > 0
+    torch.testing.assert_close(exact, near, atol=1e-5, rtol=0)

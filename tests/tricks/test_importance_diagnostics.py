@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from literl.diagnostics import is_decomposition, mismatch_metrics
+from literl.training.metrics import MetricAccumulator, scalars
 
 L = math.log
 
@@ -28,7 +29,7 @@ def test_is_decomposition_hand():
                 "share/ti": 1.0, "share/st": 0.0, "tot/kl_k1": 0.3466}
     for key, value in expected.items():
         assert float(out[key]) == pytest.approx(value, abs=1e-4), key
-    assert all(v.dim() == 0 and torch.isfinite(v) for v in out.values())
+    assert all(math.isfinite(v) for v in scalars(out).values())
 
 
 def test_mismatch_metrics_hand():
@@ -56,8 +57,8 @@ def test_total_is_the_sum_of_the_parts():
     """d_tot = d_ti + d_st: the linear statistics add up; the shares sum to 1."""
     out = is_decomposition(*random_logps())
     for key in ["kl_k1", "log_ppl_diff"]:
-        assert float(out[f"tot/{key}"]) == pytest.approx(float(out[f"ti/{key}"] + out[f"st/{key}"]), abs=1e-6)
-    assert float(out["share/ti"] + out["share/st"]) == pytest.approx(1.0)
+        assert float(out[f"tot/{key}"]) == pytest.approx(float(out[f"ti/{key}"]) + float(out[f"st/{key}"]), abs=1e-6)
+    assert float(out["share/ti"]) + float(out["share/st"]) == pytest.approx(1.0)
     assert float(out["st/ppo_kl"]) == float(out["st/kl_k1"])
 
 
@@ -76,8 +77,62 @@ def test_train_inference_kl_matches_monte_carlo():
 
 
 def test_empty_and_identical_inputs_are_finite():
+    """Identical log-probs: shares 0 and 0, ESS 1. Empty mask: the same, and max/min are −inf/+inf (a max/min
+    over nothing), which the accumulator leaves out: nothing non-finite is logged."""
     logp, old, rollout, mask = random_logps()
     for m in [torch.zeros_like(mask), mask]:
         out = is_decomposition(old, old, old, m)
-        assert all(torch.isfinite(v) for v in out.values())
-        assert float(out["share/ti"]) == 0.0 and float(out["ti/ess"]) == 1.0
+        logged = scalars(out)
+        assert all(math.isfinite(v) for v in logged.values())
+        assert logged["share/ti"] == 0.0 and logged["share/st"] == 0.0 and logged["ti/ess"] == 1.0
+        assert ("ti/ratio_max" in logged) == bool(m.any())
+    out = is_decomposition(old, old, old, torch.zeros_like(mask))
+    assert float(out["ti/ratio_max"]) == -math.inf and float(out["ti/ratio_min"]) == math.inf
+
+
+def test_sequence_statistics_hand_two_rows():
+    """μ = 1 everywhere (rollout_logp 0); d_ti row 0 = [0.1]·4, row 1 = [−0.5] (one token); π_θ = π_old.
+    log_ppl_diff = mean_i(−mean_t d) = (−0.1 + 0.5)/2 = 0.2   (a token-weighted mix of rows would give 0.02);
+    chi2_seq = (e^(2·0.4) + e^(2·(−0.5)))/2 − 1 = (2.225541 + 0.367879)/2 − 1 = 0.296710;
+    kl_k1 = −(0.4 − 0.5)/5 = 0.02;  w = [e^0.1]·4 + [e^−0.5]: Σw = 5.027215, Σw² = 4e^0.2 + e^−1 = 5.253490,
+    ess = (Σw)²/(5·Σw²) = 25.272891/26.267452 = 0.962137.
+    The same holds when each row is its own micro-batch, weighted by any token count.
+    """
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    rollout = torch.zeros(2, 4)
+    old = torch.tensor([[0.1, 0.1, 0.1, 0.1], [-0.5, 0.0, 0.0, 0.0]])
+    expected = {"ti/log_ppl_diff": 0.2, "ti/chi2_seq": 0.296710, "ti/kl_k1": 0.02, "ti/ess": 0.962137}
+    full = scalars(is_decomposition(old, old, rollout, mask))
+    acc = MetricAccumulator()
+    for row, weight in ((0, 4), (1, 1)):
+        acc.add(is_decomposition(old[row:row + 1], old[row:row + 1], rollout[row:row + 1], mask[row:row + 1]),
+                weight=weight)
+    split = acc.result()
+    for key, value in expected.items():
+        assert full[key] == pytest.approx(value, abs=1e-5), key
+        assert split[key] == pytest.approx(value, abs=1e-5), key
+
+
+def _accumulated(parts, logp, old, rollout, mask, weight_of):
+    acc = MetricAccumulator()
+    for rows in parts:
+        rows = torch.tensor(rows)
+        acc.add(is_decomposition(logp[rows], old[rows], rollout[rows], mask[rows]), weight=weight_of(rows))
+        acc.add({f"mismatch/{k}": v for k, v in mismatch_metrics(old[rows], rollout[rows], mask[rows]).items()},
+                weight=weight_of(rows))
+    return acc.result()
+
+
+@pytest.mark.parametrize("parts", [[[0, 1], [2, 3, 4]], [[0], [1], [2], [3], [4]], [[3, 1, 0], [4, 2]], [[2], [0, 1, 3, 4]]])
+def test_every_metric_is_the_same_for_any_micro_batch_split(parts):
+    """Uneven rows (lengths 8, 3, 0, 5, 1), micro-batches of different sizes, one holding only the empty row,
+    and weights from a different mask (a loss mask that drops row 0, as the overlong filter would): every
+    logged value equals the full-batch one (sequence means, ESS, shares, max/min included)."""
+    logp, old, rollout, mask = random_logps()
+    loss_mask = mask.clone()
+    loss_mask[0] = False
+    full = _accumulated([list(range(5))], logp, old, rollout, mask, lambda rows: int(loss_mask[rows].sum()))
+    split = _accumulated(parts, logp, old, rollout, mask, lambda rows: int(loss_mask[rows].sum()))
+    assert split.keys() == full.keys() and "ti/chi2_seq" in full and "mismatch/kl_k3" in full
+    for key in full:
+        assert split[key] == pytest.approx(full[key], rel=1e-6, abs=1e-6), key
