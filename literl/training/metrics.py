@@ -117,8 +117,11 @@ class MetricsLog:
             self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "literl"), name=run_name,
                                      config=config, dir=str(run_dir), resume="allow")
 
-    def truncate_after(self, step: int) -> None:
-        """Drop records past `step` (a resumed run rewrites what came after its checkpoint)."""
+    def truncate_after(self, step: int, *, retag_evaluations: dict[str, str | None] | None = None) -> None:
+        """Drop records past `step` (a resumed run rewrites what came after its checkpoint). Evaluation records
+        whose tag is a key of `retag_evaluations` get the new tag, or are dropped where it is None (the
+        resumed run writes them again)."""
+        retag = retag_evaluations or {}
         for path in (self.path, self.samples_path, self.eval_path):
             if not path.exists():
                 continue
@@ -128,8 +131,13 @@ class MetricsLog:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     continue   # a line cut short by a crash
-                if record.get("step", 0) <= step:
-                    kept.append(line)
+                if record.get("step", 0) > step:
+                    continue
+                if path == self.eval_path and record.get("tag") in retag:
+                    if retag[record["tag"]] is None:
+                        continue
+                    line = json.dumps({**record, "tag": retag[record["tag"]]})
+                kept.append(line)
             write_text_atomic(path, "".join(k + "\n" for k in kept))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

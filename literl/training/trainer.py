@@ -201,7 +201,8 @@ class Trainer:
         path = latest_checkpoint(p.run_dir)
         if path is None:
             p.console.note(f"trainer.resume=true but {p.run_dir} has no checkpoint yet: starting from step 0")
-            p.log.truncate_after(0)     # records of an attempt that never checkpointed are redone
+            # Records of an attempt that never checkpointed are redone, the evaluation before training included.
+            p.log.truncate_after(0, retag_evaluations={"before": None} if self.cfg.eval.before else {})
             return
         state = load_checkpoint(path, p.policy)
         p.optimizer.load_state_dict(state["optimizer"])
@@ -212,7 +213,10 @@ class Trainer:
         self.eval_results = state.get("eval_results", {})
         self.step = int(state["step"])
         p.engine.sync_weights(p.policy)
-        p.log.truncate_after(self.step)
+        # The closing evaluation runs again at the last step. A run extended past its old end keeps the old
+        # closing evaluation as an intermediate one.
+        extended = self.step < self.cfg.trainer.steps
+        p.log.truncate_after(self.step, retag_evaluations={"after": f"step_{self.step}" if extended else None})
         p.console.note(f"resumed from {path} at step {self.step}")
 
 

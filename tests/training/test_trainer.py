@@ -163,3 +163,27 @@ def test_run_directory_holds_config_metrics_samples_and_eval(tiny_qwen3_dir, tmp
 
     AutoModelForCausalLM.from_pretrained(run_dir / "final")
     AutoTokenizer.from_pretrained(run_dir / "final")
+
+
+def _eval_tags(run_dir):
+    import json as _json
+
+    return [(r["step"], r["tag"]) for r in map(_json.loads, (run_dir / "eval.jsonl").read_text().splitlines())]
+
+
+def test_resuming_redoes_evaluations_without_duplicating_their_records(tiny_qwen3_dir, tmp_path):
+    """A finished run resumed as it is, then extended; then a run that never reached a checkpoint."""
+    import shutil
+
+    extra = ["trainer.steps=2", "eval.every=0"]
+    run_dir = _run(tiny_qwen3_dir, tmp_path / "r", *extra)
+    assert _eval_tags(run_dir) == [(0, "before"), (2, "after")]
+    _run(tiny_qwen3_dir, tmp_path / "r", *extra, "trainer.resume=true")
+    assert _eval_tags(run_dir) == [(0, "before"), (2, "after")]
+    _run(tiny_qwen3_dir, tmp_path / "r", "trainer.steps=3", "eval.every=0", "trainer.resume=true")
+    assert _eval_tags(run_dir) == [(0, "before"), (2, "step_2"), (3, "after")]
+
+    shutil.rmtree(run_dir / "checkpoints")      # as if killed before its first checkpoint
+    _run(tiny_qwen3_dir, tmp_path / "r", "trainer.steps=1", "eval.every=0", "trainer.resume=true")
+    assert _eval_tags(run_dir) == [(0, "before"), (1, "after")]
+    assert [r["step"] for r in read_metrics(run_dir)] == [1]
