@@ -128,6 +128,7 @@ class TrainBatch(_Rows):
     is_weight_BT: torch.Tensor         # detached training–inference correction weight (1 when off)
     weight_BT: torch.Tensor            # aggregation weight for the policy loss, normalised per optimizer step
     minibatch_B: torch.Tensor          # long: which optimizer step of this rollout batch the row belongs to
+    group_B: torch.Tensor              # long: prompt/group id (the group-level aggregations need it)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     pad_id: int = 0
 

@@ -97,6 +97,10 @@ class AlgorithmConfig:
     policy_loss: TrickSpec = knob(help="per-token policy loss", factory=lambda: trick("ppo_clip"))
     aggregation: TrickSpec = knob(help="how token losses are weighted into the step loss",
                                   factory=lambda: trick("seq_mean_token_mean"))
+    aggregation_normaliser: str = knob(
+        "global", "global: the aggregation's counts are taken over the whole optimizer step, so the loss is exact "
+                  "whatever the micro-batch split; local: over each micro-batch, ÷ #micro-batches (verl's legacy "
+                  "actor, TRL's bnpo; not exact, for reproducing them)")
     is_correction: TrickSpec = knob(help="training–inference importance-sampling correction",
                                     factory=lambda: trick("none"))
     kl: TrickSpec = knob(help="KL estimator to the reference policy", factory=lambda: trick("k3"))

@@ -35,6 +35,7 @@ CHOICES = {
     "data.template": ("auto", "plain", "chat", "raw"),
     "data.difficulty": ("easy", "medium", "hard", "mixed"),
     "model.testbed": ("base", "aligned", "micro"),
+    "algorithm.aggregation_normaliser": ("global", "local"),
 }
 TESTBED_LR = 5e-5      # tuned on the testbed (docs/testbed.md); 3e-4 collapsed it in the prototype
 HF_MODEL_LR = 1e-6     # LitePPO paper §3.1

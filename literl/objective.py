@@ -18,6 +18,7 @@ every trick arrives built from its registry.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -46,11 +47,12 @@ class Objective:
     def __init__(self, *, advantage: Callable, policy_loss: Callable, aggregation: Callable,
                  is_correction: Callable, kl: Callable, kl_coef: float, kl_in_reward: bool, entropy_coef: float,
                  loss_masks: list[Callable], reward_shaping: list[Callable], group_filter: Callable,
-                 bypass_mode: bool):
+                 bypass_mode: bool, local_normaliser: bool = False):
         self.advantage, self.policy_loss, self.aggregation = advantage, policy_loss, aggregation
         self.is_correction, self.kl, self.group_filter = is_correction, kl, group_filter
         self.kl_coef, self.kl_in_reward, self.entropy_coef = kl_coef, kl_in_reward, entropy_coef
         self.loss_masks, self.reward_shaping, self.bypass_mode = loss_masks, reward_shaping, bypass_mode
+        self.local_normaliser = local_normaliser
 
     @classmethod
     def from_config(cls, cfg) -> "Objective":
@@ -73,6 +75,7 @@ class Objective:
             reward_shaping=[REWARD_SHAPING.build(n, p or {}, where=f"algorithm.reward_shaping.{n}", context=ctx)
                             for n, p in a.reward_shaping.items()],
             kl_coef=a.kl_coef, kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef, bypass_mode=a.bypass_mode,
+            local_normaliser=a.aggregation_normaliser == "local",
         )
 
     # ------------------------------------------------------------------------------------ what the loop asks
@@ -146,7 +149,8 @@ class Objective:
             tokens_BL=batch.tokens_BL, prompt_len_B=batch.prompt_len_B, response_ids_BT=batch.response_ids_BT,
             mask_BT=mask_BT, loss_mask_BT=loss_mask_BT, rollout_logp_BT=batch.rollout_logp_BT,
             old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT, adv_BT=adv_BT, is_weight_BT=is_weight_BT.detach(),
-            weight_BT=weight_BT, minibatch_B=minibatch_B, extras=dict(batch.extras), pad_id=batch.pad_id)
+            weight_BT=weight_BT, minibatch_B=minibatch_B, group_B=batch.group_B, extras=dict(batch.extras),
+            pad_id=batch.pad_id)
         return train, scalars(metrics)
 
     @staticmethod
@@ -160,6 +164,25 @@ class Objective:
             "loss_mask/masked_seq_frac": float((~loss_mask_BT.any(-1) & mask_BT.any(-1)).float().mean())
             if len(batch) else 0.0,
         }
+
+    # ------------------------------------------------------------------------------------ once per optimizer step
+    def micro_batches(self, minibatch: TrainBatch, max_tokens: int) -> list[TrainBatch]:
+        """The optimizer step's micro-batches (at most `max_tokens` padded tokens each).
+
+        Global normaliser (default): each keeps the step's weights, so the micro-batch losses add up exactly to
+        the step loss whatever the split. `aggregation_normaliser=local` (verl's legacy actor, TRL's `bnpo`):
+        each micro-batch is aggregated over its own counts and scaled by 1/#micro-batches, a mean of
+        micro-batch means that differs from the step loss whenever the micro-batches' counts differ
+        (algorithms.md §3, §9.7); for reproducing those frameworks, not for new runs.
+        """
+        micros = minibatch.micro_batches(max_tokens)
+        if not self.local_normaliser:
+            return micros
+        local = []
+        for micro in micros:
+            numerator_BT, denominator = self.aggregation(micro.loss_mask_BT, micro.group_B)
+            local.append(dataclasses.replace(micro, weight_BT=numerator_BT / denominator.clamp(min=1) / len(micros)))
+        return local
 
     # ------------------------------------------------------------------------------------ once per micro-batch
     def loss(self, logp_BT: torch.Tensor, mb: TrainBatch, entropy_BT: torch.Tensor | None = None) -> LossOutput:

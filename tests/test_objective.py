@@ -166,3 +166,42 @@ def test_zero_std_group_frac_leaves_nan_rewards_out():
     with pytest.warns(UserWarning, match="single valid member"):
         _, metrics = _objective().prepare(batch)
     assert metrics["advantage/zero_std_group_frac"] == pytest.approx(2 / 3)
+
+
+def _two_rows(lengths=(1, 3), T=3):
+    mask = torch.arange(T)[None] < torch.tensor(lengths)[:, None]
+    B = len(lengths)
+    return RolloutBatch(
+        tokens_BL=torch.full((B, 1 + T), 5), prompt_len_B=torch.ones(B, dtype=torch.long),
+        response_ids_BT=torch.full((B, T), 7), mask_BT=mask, rollout_logp_BT=-0.5 * mask.float(),
+        truncated_B=torch.zeros(B, dtype=torch.bool), group_B=torch.arange(B), scores_B=torch.zeros(B),
+        correct_B=torch.zeros(B, dtype=torch.bool), rewards_B=torch.zeros(B), problem_B=torch.arange(B))
+
+
+def test_local_normaliser_is_the_mean_of_micro_batch_means():
+    """algorithms.md §9.7: rows of 1 and 3 tokens in micro-batches of one row each. token_mean, global: every
+    token 1/4. Local (verl legacy): each micro-batch's own token mean ÷ 2 micro-batches → 1/2 for the lone
+    token, 1/6 for each of the other three. With one sequence per micro-batch seq_mean_token_mean is the same
+    either way (1/2 · 1/|y_i|)."""
+    expected = {("token_mean", "global"): [[1 / 4, 0, 0], [1 / 4, 1 / 4, 1 / 4]],
+                ("token_mean", "local"): [[1 / 2, 0, 0], [1 / 6, 1 / 6, 1 / 6]],
+                ("seq_mean_token_mean", "global"): [[1 / 2, 0, 0], [1 / 6, 1 / 6, 1 / 6]],
+                ("seq_mean_token_mean", "local"): [[1 / 2, 0, 0], [1 / 6, 1 / 6, 1 / 6]]}
+    for (aggregation, normaliser), weights in expected.items():
+        obj = _objective(f"algorithm.aggregation.name={aggregation}",
+                         f"algorithm.aggregation_normaliser={normaliser}")
+        train, _ = obj.prepare(_two_rows())
+        micros = obj.micro_batches(train, max_tokens=3)
+        assert [len(m) for m in micros] == [1, 1]           # longest row first
+        got = {int(m.group_B[0]): m.weight_BT[0].tolist() + [0.0] * (3 - m.weight_BT.shape[1]) for m in micros}
+        torch.testing.assert_close(torch.tensor([got[0], got[1]]), torch.tensor(weights), msg=str((aggregation,
+                                                                                                  normaliser)))
+
+
+def test_local_normaliser_equals_global_when_micro_batches_hold_equal_counts():
+    for normaliser in ("global", "local"):
+        obj = _objective("algorithm.aggregation.name=token_mean", f"algorithm.aggregation_normaliser={normaliser}")
+        train, _ = obj.prepare(_two_rows(lengths=(2, 2)))
+        micros = obj.micro_batches(train, max_tokens=2)
+        assert len(micros) == 2
+        assert all(torch.allclose(m.weight_BT[m.loss_mask_BT], torch.tensor(0.25)) for m in micros)

@@ -113,7 +113,7 @@ class Trainer:
         for k, minibatch in enumerate(train.minibatches()):
             p.optimizer.zero_grad(set_to_none=True)
             loss_tokens = 0
-            for micro in minibatch.micro_batches(cfg.trainer.micro_batch_tokens):
+            for micro in p.objective.micro_batches(minibatch, cfg.trainer.micro_batch_tokens):
                 logp_BT, entropy_BT = token_logprobs(
                     p.policy, micro.tokens_BL.to(p.device), micro.prompt_len_B.to(p.device),
                     micro.response_ids_BT.shape[1], temperature=cfg.rollout.temperature, with_entropy=True,

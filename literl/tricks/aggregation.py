@@ -10,6 +10,8 @@ several ranks can be summed (all-reduced) before dividing. `mask_BT` is the fina
 loss masks ∧ IS keep): a rejected token leaves both the numerator and the counts.
 
 Registered: token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm.
+verl's legacy per-micro-batch normaliser (inexact) is `algorithm.aggregation_normaliser=local`, which applies
+the same entry to each micro-batch instead (`Objective.micro_batches`).
 """
 
 from __future__ import annotations
