@@ -49,6 +49,7 @@ class Trainer:
         self.step = 0
         self.rng = torch.Generator().manual_seed(self.cfg.seed)
         self.eval_results: dict[str, dict] = {}
+        self._saved: tuple[int, Path] | None = None     # (step, path) of the checkpoint of the current state
 
     # ------------------------------------------------------------------------------------------ the loop
     def fit(self) -> Path:
@@ -68,7 +69,9 @@ class Trainer:
                 if cfg.trainer.save_every and self.step % cfg.trainer.save_every == 0:
                     self._save_checkpoint()
         p.console.stop()
-        path = self._save_checkpoint()
+        # Saving the same step again would move the complete checkpoint aside while the copy is written: with
+        # keep_checkpoints=1 a crash in that window would leave nothing to resume from.
+        path = self._saved[1] if self._saved and self._saved[0] == self.step else self._save_checkpoint()
         if self.step < cfg.trainer.steps:
             p.console.note(f"interrupted after step {self.step}: checkpoint saved at {path}; continue with "
                            f"trainer.resume=true trainer.output_dir={p.run_dir}")
@@ -191,8 +194,10 @@ class Trainer:
         state = {"optimizer": p.optimizer.state_dict(), "scheduler": p.scheduler.state_dict(),
                  "rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
                  "eval_results": self.eval_results, "diagnostics": p.diagnostics.state_dict()}
-        return save_checkpoint(p.run_dir, self.step, model=p.policy, tokenizer=p.tokenizer, trainer_state=state,
+        path = save_checkpoint(p.run_dir, self.step, model=p.policy, tokenizer=p.tokenizer, trainer_state=state,
                                keep=self.cfg.trainer.keep_checkpoints)
+        self._saved = (self.step, path)
+        return path
 
     def _resume_if_asked(self) -> None:
         p = self.parts
@@ -212,6 +217,7 @@ class Trainer:
         p.diagnostics.load_state_dict(state.get("diagnostics", {}))
         self.eval_results = state.get("eval_results", {})
         self.step = int(state["step"])
+        self._saved = (self.step, path)
         p.engine.sync_weights(p.policy)
         # The closing evaluation runs again at the last step. A run extended past its old end keeps the old
         # closing evaluation as an intermediate one.

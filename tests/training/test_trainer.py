@@ -187,3 +187,21 @@ def test_resuming_redoes_evaluations_without_duplicating_their_records(tiny_qwen
     _run(tiny_qwen3_dir, tmp_path / "r", "trainer.steps=1", "eval.every=0", "trainer.resume=true")
     assert _eval_tags(run_dir) == [(0, "before"), (1, "after")]
     assert [r["step"] for r in read_metrics(run_dir)] == [1]
+
+
+def test_the_last_checkpoint_is_not_written_twice(tiny_qwen3_dir, tmp_path, monkeypatch):
+    """save_every divides steps: the loop's checkpoint of the last step is the final one (rewriting it would
+    move the only complete copy aside while the new one is written)."""
+    from literl.training import trainer as trainer_module
+
+    saved = []
+    original = trainer_module.save_checkpoint
+    monkeypatch.setattr(trainer_module, "save_checkpoint",
+                        lambda run_dir, step, **kw: saved.append(step) or original(run_dir, step, **kw))
+    run_dir = _run(tiny_qwen3_dir, tmp_path / "r", "trainer.save_every=1", "trainer.keep_checkpoints=1",
+                   "eval.every=0")
+    assert saved == [1, 2]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000002"]
+    saved.clear()
+    _run(tiny_qwen3_dir, tmp_path / "r", "trainer.save_every=1", "eval.every=0", "trainer.resume=true")
+    assert saved == []                  # resumed at its end: the loaded checkpoint is the current state
