@@ -109,6 +109,7 @@ class MetricsLog:
                 raise RuntimeError("trainer.trackers has tensorboard but it is not installed: "
                                    "pip install 'literl[tensorboard]'") from err
             self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+            self._tb_dir = run_dir / "tensorboard"
         if "wandb" in trackers:
             try:
                 import wandb
@@ -122,6 +123,13 @@ class MetricsLog:
         whose tag is a key of `retag_evaluations` get the new tag, or are dropped where it is None (the
         resumed run writes them again)."""
         retag = retag_evaluations or {}
+        if self._tb is not None:
+            # TensorBoard keeps every event it was sent: reopen so that the steps redone after `step` replace
+            # the old ones instead of being drawn twice.
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb.close()
+            self._tb = SummaryWriter(str(self._tb_dir), purge_step=step + 1)
         for path in (self.path, self.samples_path, self.eval_path):
             if not path.exists():
                 continue

@@ -194,3 +194,23 @@ def test_prepare_metrics_are_finite_floats_even_when_every_token_is_masked():
 def test_scalars_matches_one_micro_batch_step():
     metrics = {"a": torch.tensor(0.5), "b_max": torch.tensor(-math.inf), "c": ops.Ratio(1.0, 4.0)}
     assert scalars(metrics) == {"a": 0.5, "c": 0.25}
+
+
+def test_resumed_tensorboard_log_replaces_the_redone_steps(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from literl.training.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path, ["tensorboard"], {}, run_name="r")
+    for step in (1, 2, 3):
+        log.log(step, {"loss/total": float(step)})
+    log.close()
+    log = MetricsLog(tmp_path, ["tensorboard"], {}, run_name="r")      # resumed from the step-1 checkpoint
+    log.truncate_after(1)
+    for step in (2, 3):
+        log.log(step, {"loss/total": 10.0 * step})
+    log.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss/total")] == [(1, 1.0), (2, 20.0), (3, 30.0)]
