@@ -7,10 +7,11 @@ many rounds it took. No other part of the loop knows about it.
 
 from __future__ import annotations
 
+import math
+import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
-
-import time
 
 import torch
 
@@ -30,6 +31,35 @@ def difficulty_label(problem: dict) -> str:
         if value is not None and value != "":
             return str(value)
     return ""
+
+
+def tier_labels(problems: Sequence[dict]) -> list[str]:
+    """Each problem's tier for the per-tier curves: its `difficulty_label`, '' for none (no curve).
+
+    Decided once over the whole set, so a tier keeps its curve from step to step: numeric labels sort as
+    numbers (and are binned to whole numbers when there are more than MAX_TIERS values, e.g. DeepMath's
+    half-steps 1.0 … 9.5), and beyond MAX_TIERS only the most common labels get a curve.
+    """
+    labels = [difficulty_label(p) for p in problems]
+    distinct = set(labels) - {""}
+    if len(distinct) > MAX_TIERS and all(_is_number(label) for label in distinct):
+        labels = [str(math.floor(float(label))) if label else "" for label in labels]
+        distinct = set(labels) - {""}
+    if len(distinct) > MAX_TIERS:
+        common = {label for label, _ in Counter(x for x in labels if x).most_common(MAX_TIERS)}
+        labels = [label if label in common else "" for label in labels]
+    return labels
+
+
+def _is_number(label: str) -> bool:
+    try:
+        return math.isfinite(float(label))
+    except ValueError:
+        return False
+
+
+def _tier_order(label: str) -> tuple:
+    return (0, float(label), "") if _is_number(label) else (1, 0.0, label)
 
 
 class PromptStream:
@@ -97,6 +127,7 @@ class Collector:
         self.P, self.G, self.max_rounds, self.stream, self.pad_id = (prompts_per_step, group_size, max_rounds,
                                                                     stream, pad_id)
         self._next_group_id = 0
+        self._tiers = tier_labels(problems)
 
     def collect(self, rng: torch.Generator) -> tuple[RolloutBatch, dict[str, float]]:
         rounds: list[_Round] = []
@@ -205,8 +236,8 @@ class Collector:
             "time/generate": sum(r.seconds["generate"] for r in rounds),
             "time/reward": sum(r.seconds["reward"] for r in rounds),
         }
-        tiers = [difficulty_label(self.problems[i]) for r in rounds for i in r.problem_index]
-        for tier in sorted(set(tiers) - {""})[:MAX_TIERS]:
+        tiers = [self._tiers[i] for r in rounds for i in r.problem_index]
+        for tier in sorted(set(tiers) - {""}, key=_tier_order):
             in_tier = torch.tensor([t == tier for t in tiers]) & first
             metrics[f"groups/reward_std/{tier}"] = float(std_reward[in_tier].mean())
         sizes = [len(r.problem_index) for r in rounds]
