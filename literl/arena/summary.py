@@ -17,8 +17,16 @@ LOG_NAME = "train.log"
 
 
 def run_scores(record: RunRecord, metric: str) -> dict[str, float] | None:
+    """final / best / auc of the run's curve; None when it has no value, or none at its last evaluation
+    (scoring an earlier one as 'final' would pair runs at different steps)."""
     steps, values = record.eval_curve(metric)
-    return stats.curve_scores(steps, values) if values else None
+    if not values or steps[-1] != _last_evaluated_step(record, metric):
+        return None
+    return stats.curve_scores(steps, values)
+
+
+def _last_evaluated_step(record: RunRecord, metric: str) -> int | None:
+    return max((int(r["step"]) for r in record.evals if metric in r and "step" in r), default=None)
 
 
 def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[str], scenarios: Sequence[str],
@@ -71,7 +79,11 @@ def _score_runs(records, metric, expected):
 
 def _why_unscored(record: RunRecord, metric: str) -> str:
     if record.finished:
-        return f"no '{metric}' in eval.jsonl"
+        last = _last_evaluated_step(record, metric)
+        if last is None:
+            return f"no '{metric}' in eval.jsonl"
+        return f"'{metric}' is null (not a finite number) at the last evaluation, step {last}"
+
     log = Path(record.directory) / LOG_NAME
     step = checkpoint_step(Path(record.directory))
     if step is not None:

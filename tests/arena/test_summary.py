@@ -146,3 +146,16 @@ def test_resuming_with_a_changed_spec_is_refused(tmp_path):
         ablation.record_plan(tmp_path, changed, changed.plan(tmp_path))
     same = parse_spec(SPEC, source="handmade.yaml")
     ablation.record_plan(tmp_path, same, same.plan(tmp_path))    # an unchanged spec resumes fine
+
+
+def test_a_run_whose_last_evaluation_is_null_is_missing_not_scored_at_an_earlier_step(tmp_path):
+    run_dir = write_run(tmp_path / "r", [0.2, 0.4, 0.6])
+    lines = (run_dir / "eval.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    lines[-1] = json.dumps({**last, "testbed/accuracy": None})
+    (run_dir / "eval.jsonl").write_text("\n".join(lines) + "\n")
+    summary = summarize([load_run(run_dir, variant="r")], metric="testbed/accuracy", variants=["r"],
+                        scenarios=["run"])
+    assert summary["runs"]["missing"][0]["reason"] == ("'testbed/accuracy' is null (not a finite number) at the "
+                                                       f"last evaluation, step {last['step']}")
+    assert summary["per_run"] == []
