@@ -18,7 +18,8 @@ of row b sits at `tokens_BL[b, prompt_len_B[b] + t]` and equals `response_ids_BT
 training forwards run with a plain causal mask (pads come last, so no real token ever attends to one).
 
 Per-token extras (MoE routes, ...) ride in `extras`, keyed with their shape suffix (`routes_BTNK`), and are
-sliced with the batch like every other field.
+sliced with the batch like every other field; a value that is not a tensor (the rollout's forward record,
+`literl.rollout.recording`) rides along whole, whatever rows are selected.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 
-def _slice_rows(value: Any, index: torch.Tensor):
+def slice_rows(value: Any, index: torch.Tensor):
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
@@ -38,7 +39,7 @@ def _slice_rows(value: Any, index: torch.Tensor):
     if isinstance(value, list):
         return [value[i] for i in index.tolist()]
     if isinstance(value, dict):
-        return {k: _slice_rows(v, index) for k, v in value.items()}
+        return {k: slice_rows(v, index) for k, v in value.items()}
     return value
 
 
@@ -63,7 +64,7 @@ class _Rows:
     def select(self, index) -> "_Rows":
         index = torch.as_tensor(index, dtype=torch.long)
         return dataclasses.replace(
-            self, **{f.name: _slice_rows(getattr(self, f.name), index) for f in dataclasses.fields(self)
+            self, **{f.name: slice_rows(getattr(self, f.name), index) for f in dataclasses.fields(self)
                      if f.name not in self._scalars})
 
     def trimmed(self) -> "_Rows":
@@ -103,7 +104,7 @@ class RolloutBatch(_Rows):
     problem_B: torch.Tensor            # long: index of the problem in its dataset
     responses: list[str] = field(default_factory=list)
     problems: list[dict] = field(default_factory=list)   # the problem record of each row (id, answer, tier...)
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
     pad_id: int = 0
 
 
@@ -129,7 +130,7 @@ class TrainBatch(_Rows):
     weight_BT: torch.Tensor            # aggregation weight for the policy loss, normalised per optimizer step
     minibatch_B: torch.Tensor          # long: which optimizer step of this rollout batch the row belongs to
     group_B: torch.Tensor              # long: prompt/group id (the group-level aggregations need it)
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
     pad_id: int = 0
 
     def minibatches(self) -> list["TrainBatch"]:

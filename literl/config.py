@@ -156,6 +156,10 @@ class TrainerConfig:
     device: str = knob("auto", "auto | cpu | cuda")
     compile: bool = knob(False, "torch.compile the training forward's decoder layers (Llama/Qwen-style models, "
                                 "rows sharing a prompt; about 10 s once, ~10% less update time on CPU)")
+    replay_max_gib: float = knob(2.0, "memory (GiB) the rollout may use to keep its decode's matmul outputs, so "
+                                      "that an update with the rollout's own weights (on-policy, engine sampling "
+                                      "from the policy itself) replays them instead of recomputing its forward "
+                                      "matmuls (literl/training/replay.py); 0 turns this off")
     progress: bool = knob(True, "show a progress bar")
 
 

@@ -426,6 +426,7 @@ def validate(cfg: Config) -> None:
            f"trainer.minibatches={t.minibatches} must be between 1 and rollout.prompts_per_step={r.prompts_per_step} "
            "(mini-batches hold whole groups)")
     _check(t.micro_batch_tokens >= 1, "trainer.micro_batch_tokens must be >= 1")
+    _check(t.replay_max_gib >= 0, f"trainer.replay_max_gib={t.replay_max_gib} must be >= 0 (0 turns replay off)")
     _check(ev.samples >= 1, "eval.samples must be >= 1")
     _check(cfg.reward.timeout_s > 0, "reward.timeout_s must be > 0")
     _check(len(cfg.reward.fns) >= 1, "reward.fns needs at least one function (the first decides accuracy)")

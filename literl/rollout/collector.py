@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from literl.batch import RolloutBatch
+from literl.batch import RolloutBatch, slice_rows
 from literl.ops import group_mean_std
 from literl.rollout.generator import Generator, SamplingParams
 
@@ -116,16 +116,27 @@ class _Round:
     seconds: dict
 
 
+def _row_extras(rounds: list[_Round], rows: list[tuple[int, int]]) -> dict:
+    """The generation's extras for the kept rows, when they all come from one sampling round (the rows of a
+    batch drawn over several rounds carry none yet: a per-round record does not cover the others' rows)."""
+    if not rows or len({r for r, _ in rows}) > 1:
+        return {}
+    index = torch.tensor([b for _, b in rows], dtype=torch.long)
+    return {key: slice_rows(value, index) for key, value in rounds[rows[0][0]].generation.extras.items()}
+
+
 class Collector:
     """Builds `RolloutBatch`es of `prompts_per_step` groups of `group_size` samples."""
 
     def __init__(self, *, engine: Generator, problems: Sequence[dict], prompt_ids: Callable[[int], list[int]],
                  decode: Callable[[list[int]], str], rewards, objective, sampling: SamplingParams,
-                 prompts_per_step: int, group_size: int, max_rounds: int, stream: PromptStream, pad_id: int):
+                 prompts_per_step: int, group_size: int, max_rounds: int, stream: PromptStream, pad_id: int,
+                 record_forward: bool = False):
         self.engine, self.problems, self.prompt_ids, self.decode = engine, problems, prompt_ids, decode
         self.rewards, self.objective, self.sampling = rewards, objective, sampling
         self.P, self.G, self.max_rounds, self.stream, self.pad_id = (prompts_per_step, group_size, max_rounds,
                                                                     stream, pad_id)
+        self.record_forward = record_forward     # ask the engine to keep its forward for the update to replay
         self._next_group_id = 0
         self._tiers = tier_labels(problems)
 
@@ -144,7 +155,8 @@ class Collector:
         problem_index = [i for i in chosen for _ in range(self.G)]
         prompt_ids = [self.prompt_ids(i) for i in problem_index]
         start = time.perf_counter()
-        generation = self.engine.generate(prompt_ids, self.sampling, rng=rng)
+        generation = (self.engine.generate(prompt_ids, self.sampling, rng=rng, record_forward=True)
+                      if self.record_forward else self.engine.generate(prompt_ids, self.sampling, rng=rng))
         generated = time.perf_counter()
         responses = [self.decode(ids[m].tolist()) for ids, m in zip(generation.response_ids_BT, generation.mask_BT)]
         examples = [self.problems[i] for i in problem_index]
@@ -204,7 +216,7 @@ class Collector:
             problem_B=torch.tensor([rounds[r].problem_index[b] for r, b in rows], dtype=torch.long),
             responses=[rounds[r].responses[b] for r, b in rows],
             problems=[self.problems[rounds[r].problem_index[b]] for r, b in rows],
-            pad_id=self.pad_id)
+            extras=_row_extras(rounds, rows), pad_id=self.pad_id)
 
     def _metrics(self, rounds: list[_Round], batch: RolloutBatch) -> dict[str, float]:
         """Policy statistics over every sampled response (before filtering), plus the filter's effect."""

@@ -18,6 +18,9 @@ import torch
 
 from literl.rollout.decoding import Decoder, DistinctPrompts, DynamicCacheDecoder, distinct_prompts, prefill
 from literl.rollout.generator import Generation, SamplingParams
+from literl.rollout.recording import (RECORD_KEY, RECORD_ROW_KEY, ForwardRecord, RecordBuffers,
+                                     compiled_recording_step, record_bytes, recording_decode_step,
+                                     supports_recording)
 from literl.rollout.sampling import gumbel_noise, sample_next_token
 from literl.rollout.static_kv import (StaticKVDecoder, attention_window, compiled_decode_step, fits_attention_window,
                                      static_decode_step, supports_static_kv)
@@ -40,11 +43,15 @@ class HFEngine:
     "dynamic" (the model's own forward). `compile=True` compiles the static step with `torch.compile`
     (about 10 s once per process on CPU; worth it only for long runs). `sync_every` sets how many steps pass
     between checks for finished rows (default: 1 on CPU, 8 on accelerators).
+
+    `generate(..., record_forward=True)` also keeps the decode steps' matmul outputs for an on-policy update
+    (`literl.rollout.recording`) when the engine samples from the module itself on the static path, the model
+    supports it and the record fits in `record_max_bytes`; the generation then carries it in its extras.
     """
 
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_id: int,
                  dtype: torch.dtype | None = None, decode: str = "auto", compile: bool = False,
-                 sync_every: int | None = None):
+                 sync_every: int | None = None, record_max_bytes: int = 2 << 30):
         self.dtype = dtype
         self.eos_token_ids = sorted(set(int(t) for t in eos_token_ids))
         if not self.eos_token_ids:
@@ -52,13 +59,17 @@ class HFEngine:
         if decode not in ("auto", "static", "dynamic"):
             raise ValueError(f"decode must be 'auto', 'static' or 'dynamic' (got {decode!r})")
         self.pad_id = int(pad_id)
-        self.model = model
+        self.model = self._policy = model
         if dtype is not None and dtype != next(model.parameters()).dtype:
             self.model = copy.deepcopy(model).to(dtype).eval()
         self.decode = decode
         self.sync_every = sync_every
         self._static_ok: bool | None = None
         self._step_fn = compiled_decode_step() if compile else static_decode_step
+        self.record_max_bytes = int(record_max_bytes)
+        self._recording_ok: bool | None = None
+        self._record_buffers = RecordBuffers()
+        self._recording_step_fn = compiled_recording_step() if compile else recording_decode_step
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         if self.model is policy:
@@ -78,9 +89,17 @@ class HFEngine:
                 raise ValueError(f"{type(self.model).__name__} does not support the static KV decode step")
         return self._static_ok
 
+    def can_record(self, rows: int, max_new_tokens: int) -> bool:
+        """Whether a generation of `rows` responses would keep its forward (see the class docstring)."""
+        if self.model is not self._policy or not self.uses_static_kv:
+            return False
+        if self._recording_ok is None:
+            self._recording_ok = supports_recording(self.model)
+        return self._recording_ok and record_bytes(self.model, rows * (max_new_tokens - 1)) <= self.record_max_bytes
+
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 *, rng: torch.Generator | None = None) -> Generation:
+                 *, rng: torch.Generator | None = None, record_forward: bool = False) -> Generation:
         device = next(self.model.parameters()).device
         B, T = len(prompts), params.max_new_tokens
         if B == 0:
@@ -94,12 +113,18 @@ class HFEngine:
             prepared = distinct_prompts(prompts, self.pad_id, device)
             use_static = self.uses_static_kv and self._fits_window(prepared.width + T)
             first_logits_UV, cache = prefill(self.model, prepared)
-            decoder = self._decoder(cache, prepared, T, use_static)
+            record = None
+            if record_forward and use_static and T > 1 and self.can_record(B, T):
+                record = ForwardRecord(self.model, self._record_buffers, B, T, device)
+            decoder = self._decoder(cache, prepared, T, use_static, record)
             ids_BT, logp_BT = self._sample_loop(decoder, first_logits_UV[prepared.source_B], params,
                                                 _device_rng(rng, device))
         finally:
             self.model.train(was_training)
-        return self._generation(ids_BT, logp_BT)
+        generation = self._generation(ids_BT, logp_BT)
+        if record is not None:
+            generation.extras.update({RECORD_KEY: record, RECORD_ROW_KEY: record.row_BT.cpu()})
+        return generation
 
     def _fits_window(self, length: int) -> bool:
         """Sequences longer than a sliding attention window decode through the model's own forward, whose cache
@@ -112,9 +137,10 @@ class HFEngine:
                              f"reach {length} positions; use decode='auto' or 'dynamic' (rollout.decode)")
         return False
 
-    def _decoder(self, cache, prepared: DistinctPrompts, T: int, use_static: bool) -> Decoder:
+    def _decoder(self, cache, prepared: DistinctPrompts, T: int, use_static: bool, record) -> Decoder:
         if use_static:
-            return StaticKVDecoder(self.model, cache, prepared, T, step_fn=self._step_fn)
+            return StaticKVDecoder(self.model, cache, prepared, T, step_fn=self._step_fn, record=record,
+                                   recording_step_fn=self._recording_step_fn)
         return DynamicCacheDecoder(self.model, cache, prepared)
 
     def _sample_loop(self, decoder: Decoder, logits_BV: torch.Tensor, params: SamplingParams,

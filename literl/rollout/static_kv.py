@@ -35,14 +35,23 @@ _UNSUPPORTED_CONFIG = ("attn_logit_softcapping", "final_logit_softcapping")
 class StaticKVDecoder:
     """Decoder over a preallocated per-layer KV cache [R, kv_heads, S, head_dim], S = P + max_new_tokens.
 
-    `step_fn` is `static_decode_step` or its compiled version (`compiled_decode_step()`).
+    `step_fn` is `static_decode_step` or its compiled version (`compiled_decode_step()`). With a `record`
+    (`literl.rollout.recording.ForwardRecord`), steps run `recording_step_fn` instead, which also keeps every
+    layer's matmul outputs in the record, and the decoder tracks which batch row each slot holds.
     """
 
     def __init__(self, model: torch.nn.Module, cache: DynamicCache, prompts: DistinctPrompts,
-                 max_new_tokens: int, step_fn=None):
+                 max_new_tokens: int, step_fn=None, *, record=None, recording_step_fn=None):
         self.model = model
         self.step_fn = step_fn or static_decode_step
         P, source_B = prompts.width, prompts.source_B
+        self.record, self.recording_step_fn = record, recording_step_fn
+        if record is not None:
+            from literl.rollout.recording import fused_weights
+
+            self.fused_weights = fused_weights(model)
+            self.slot_rows_R = torch.arange(source_B.shape[0], device=source_B.device)
+        self.prompt_width = P
         # One spare column: a slice of all columns would be a distinct shape for torch.compile (a recompile).
         capacity = P + max_new_tokens
         self.keys: list[torch.Tensor] = []
@@ -66,8 +75,13 @@ class StaticKVDecoder:
     def step(self, token_R: torch.Tensor) -> torch.Tensor:
         if self.column >= self.bias_RS.shape[1]:
             raise RuntimeError("the static KV cache is full: more steps than max_new_tokens")
-        logits_RV = self.step_fn(self.model, token_R, self.position_R, self.keys, self.values, self.bias_RS,
-                                 self.column)
+        if self.record is None:
+            logits_RV = self.step_fn(self.model, token_R, self.position_R, self.keys, self.values, self.bias_RS,
+                                     self.column)
+        else:
+            records = self.record.add_step(self.slot_rows_R, self.column - self.prompt_width)
+            logits_RV = self.recording_step_fn(self.model, token_R, self.position_R, self.keys, self.values,
+                                               self.bias_RS, self.column, self.fused_weights, records)
         self.column += 1
         self.position_R = self.position_R + 1
         return logits_RV
@@ -82,6 +96,8 @@ class StaticKVDecoder:
                 cache[i] = full_RKSD[:K]
         self.bias_RS = self.bias_RS[slots_K]
         self.position_R = self.position_R[slots_K]
+        if self.record is not None:
+            self.slot_rows_R = self.slot_rows_R[slots_K]
 
 
 def static_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R: torch.Tensor,

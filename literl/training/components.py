@@ -89,7 +89,8 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     pad_id = pad_token_id(tokenizer)
     engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
                       dtype=DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None,
-                      decode=cfg.rollout.decode, compile=cfg.rollout.compile)
+                      decode=cfg.rollout.decode, compile=cfg.rollout.compile,
+                      record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30))
     reference = None
     if objective.needs_reference:
         reference = _reference_model(cfg, policy, device)
@@ -113,7 +114,8 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     collector = Collector(
         engine=engine, problems=data.problems, prompt_ids=prompt_ids, decode=decode, rewards=rewards,
         objective=objective, sampling=sampling, prompts_per_step=r.prompts_per_step, group_size=r.group_size,
-        max_rounds=r.max_rounds, stream=PromptStream(len(data.problems), seed=cfg.seed), pad_id=pad_id)
+        max_rounds=r.max_rounds, stream=PromptStream(len(data.problems), seed=cfg.seed), pad_id=pad_id,
+        record_forward=cfg.trainer.replay_max_gib > 0)
     optimizer, scheduler = build_optimizer(cfg, policy)
     evaluator = build_evaluator(cfg, tokenizer=tokenizer, testbed=data.is_testbed)
     # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so

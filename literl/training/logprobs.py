@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from literl.training import shared_prompts
+from literl.training.replay import replay_source
 from literl.rollout.static_kv import fits_attention_window
 
 # Accelerators: logits per tile (fp32 elements); 2^25 is 128 MB, two of which are alive at once in backward.
@@ -46,8 +47,8 @@ _head_cache: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKe
 
 def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, T: int, *,
                    temperature: float = 1.0, with_entropy: bool = False, chunk_tokens: int | None = None,
-                   vocab_block: int | None = None, mask_BT: torch.Tensor | None = None, compiled: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   vocab_block: int | None = None, mask_BT: torch.Tensor | None = None, compiled: bool = False,
+                   extras: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(y_t) of response tokens t < T of each row, and the entropy of π at those positions if asked.
 
     Layout as in `literl.batch`: row b holds its prompt then its response, right-padded; response token t is
@@ -56,7 +57,10 @@ def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B
     vocabulary-sized matmul on padding. The head's logits exist one tile of `chunk_tokens` × `vocab_block` at a
     time (defaults in `Tiling.default`), which bounds its memory whatever the batch. Gradients reach every
     parameter, the tied embedding included. `compiled=True` runs the decoder layers of the shared-prompt path
-    through `torch.compile` (`shared_prompts.compiled_decoder_layer`).
+    through `torch.compile` (`shared_prompts.compiled_decoder_layer`). `extras` are the rows' per-token extras
+    (`literl.batch`): when they hold a rollout record that still matches the model's weights, the response
+    tokens' projections are replayed from it instead of computed (`literl.training.replay`); same values,
+    gradients within float rounding.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 (got {temperature})")
@@ -82,7 +86,8 @@ def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B
         hidden_NH = hidden_BLH.gather(1, pos_BT[:, :, None].expand(-1, -1, hidden_BLH.shape[-1])).flatten(0, 1)
         target_N = target_BT.flatten()
     else:
-        hidden_NH = _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT, compiled)
+        hidden_NH = _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT, compiled,
+                                     replay_source(extras, model))
         target_N = target_BT[valid_BT]
     tiling = Tiling.default(head.out_features, device, chunk_tokens=chunk_tokens, vocab_block=vocab_block)
     logp_N, entropy_N = ChunkedHeadLogprobs.apply(hidden_NH, head.weight, head.bias, target_N,
@@ -92,15 +97,17 @@ def token_logprobs(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B
     return logp_BT, entropy_BT
 
 
-def _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT, compiled: bool) -> torch.Tensor:
+def _response_hidden(model, tokens_BL, prompt_len_B, pos_BT, valid_BT, compiled: bool, replay) -> torch.Tensor:
     """Hidden states at the real response positions (valid_BT's True entries, row-major): a prompt that several
-    rows share runs once (`shared_prompts`), else whole rows run, grouped by length."""
-    prompts = shared_prompts.shared_prompts(tokens_BL, prompt_len_B)
+    rows share runs once (`shared_prompts`), with the responses replayed from the rollout when a record allows
+    it, else whole rows run, grouped by length."""
+    replay = replay if replay is not None and shared_prompts.runs_layer_by_layer(model) else None
+    prompts = shared_prompts.shared_prompts(tokens_BL, prompt_len_B, only_if_shared=replay is None)
     # The shared path attends to the whole prompt cache: exact only within a sliding attention window.
     if (prompts is not None and fits_attention_window(model, tokens_BL.shape[1])
             and shared_prompts.matches_plain_forward(model)):
         return shared_prompts.response_hidden(model, tokens_BL, prompt_len_B, valid_BT, prompts,
-                                              buckets=forward_groups, compiled=compiled)
+                                              buckets=forward_groups, compiled=compiled, replay=replay)
     return _response_hidden_by_length(model.get_decoder(), tokens_BL, pos_BT, valid_BT)
 
 

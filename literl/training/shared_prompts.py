@@ -32,24 +32,28 @@ from literl.rollout.static_kv import has_supported_structure, rotate
 _checked: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
 
 
-def shared_prompts(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor) -> DistinctPrompts | None:
+def shared_prompts(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, *, only_if_shared: bool = True
+                   ) -> DistinctPrompts | None:
     """The distinct prompts of the rows (left-padded) and which one each row continues; None when no two rows
-    share a prompt (then there is nothing to save)."""
+    share a prompt (then there is nothing to save), unless `only_if_shared=False`."""
     rows = [row[:n] for row, n in zip(tokens_BL.tolist(), prompt_len_B.tolist())]
     # Any in-vocabulary id pads: padded columns are masked out of attention.
     prompts = distinct_prompts(rows, pad_id=0, device=tokens_BL.device)
-    return prompts if prompts.ids_UP.shape[0] < len(rows) else None
+    return prompts if prompts.ids_UP.shape[0] < len(rows) or not only_if_shared else None
 
 
 def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor,
                     valid_BT: torch.Tensor, prompts: DistinctPrompts,
-                    buckets: Callable[[torch.Tensor], list[torch.Tensor]], compiled: bool = False) -> torch.Tensor:
+                    buckets: Callable[[torch.Tensor], list[torch.Tensor]], compiled: bool = False,
+                    replay=None) -> torch.Tensor:
     """Hidden states at valid_BT's True entries (row-major order), the prompts run once.
 
     Layout as in `literl.batch` (right-padded prompt + response rows); valid_BT must be a prefix of each row's
     response (the response mask). `buckets(length_B)` groups rows of similar response length, so that each
     group's forward is cut to its own longest response. `compiled=True` runs the hand-applied layers through
-    `compiled_decoder_layer` (a model that runs through its decoder's own forward is not compiled).
+    `compiled_decoder_layer` (a model that runs through its decoder's own forward is not compiled). With a
+    `replay` (`literl.training.replay.Replay`, for hand-applied layers) the response tokens' projections are
+    replayed from the rollout's record instead of computed.
     """
     device, decoder = tokens_BL.device, model.get_decoder()
     if runs_layer_by_layer(model):
@@ -78,13 +82,22 @@ def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_
             # index_select, not indexing: its backward is an index_add, cheaper than an accumulating index_put.
             prefix_kv = [(keys.index_select(0, source_R), values.index_select(0, source_R))
                          for keys, values in prompt_kv]
-            hidden_RWH = run_responses(decoder, ids_RW, positions_RW, prompts.real_UP[source_R], prefix_kv)
-            valid_RW = valid_BT[rows_R, 1:hidden_RWH.shape[1] + 1]
-            row_M, col_M = valid_RW.nonzero(as_tuple=True)
-            parts.append(hidden_RWH[row_M, col_M])
-            order.append(flat_index_BT[rows_R, 1:hidden_RWH.shape[1] + 1][valid_RW])
+            # The hidden states of fed tokens w < steps predict tokens w + 1: exactly valid_BT[:, 1:].
+            valid_RW = valid_BT[rows_R, 1:width + 1]
+            if replay is None:
+                hidden_RWH = run_responses(decoder, ids_RW, positions_RW, prompts.real_UP[source_R], prefix_kv)
+                row_M, col_M = valid_RW.nonzero(as_tuple=True)
+                parts.append(hidden_RWH[row_M, col_M])
+            else:
+                from literl.training.replay import replayed_responses
+
+                parts.append(replayed_responses(decoder, ids_RW, positions_RW, prompts.real_UP[source_R], prefix_kv,
+                                                valid_RW, replay.row_BT[rows_R, :width].to(device), replay.record,
+                                                compiled=compiled))
+            order.append(flat_index_BT[rows_R, 1:width + 1][valid_RW])
     hidden_MH, order_M = torch.cat(parts), torch.cat(order)
-    return hidden_MH[torch.argsort(order_M)]
+    # index_select, not indexing: its backward is an index_add, cheaper than an accumulating index_put.
+    return hidden_MH.index_select(0, torch.argsort(order_M))
 
 
 def _run_prompts(decoder, prompts: DistinctPrompts) -> tuple[torch.Tensor, list[tuple[torch.Tensor, ...]]]:
@@ -116,7 +129,7 @@ def decoder_layer(layer: torch.nn.Module, hidden_RWH: torch.Tensor, prefix_keys:
     # The head axes are added here, not by the caller: a compiled graph then sees them as constant 1s.
     cos_R1WD, sin_R1WD, allowed_R1WS = cos_RWD[:, None], sin_RWD[:, None], allowed_RWS[:, None]
     attn = layer.self_attn
-    x_RWH = _norm(layer.input_layernorm, hidden_RWH)
+    x_RWH = apply_norm(layer.input_layernorm, hidden_RWH)
     query = rotate(_heads(attn.q_proj(x_RWH), attn.head_dim, getattr(attn, "q_norm", None)), cos_R1WD, sin_R1WD)
     key = rotate(_heads(attn.k_proj(x_RWH), attn.head_dim, getattr(attn, "k_norm", None)), cos_R1WD, sin_R1WD)
     value = _heads(attn.v_proj(x_RWH), attn.head_dim, None)
@@ -124,7 +137,7 @@ def decoder_layer(layer: torch.nn.Module, hidden_RWH: torch.Tensor, prefix_keys:
                                          torch.cat([prefix_values, value], dim=2), attn_mask=allowed_R1WS,
                                          scale=attn.scaling, enable_gqa=True)
     hidden_RWH = hidden_RWH + attn.o_proj(out.transpose(1, 2).flatten(2))
-    mlp_out = layer.mlp(_norm(layer.post_attention_layernorm, hidden_RWH))
+    mlp_out = layer.mlp(apply_norm(layer.post_attention_layernorm, hidden_RWH))
     return hidden_RWH + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
 
 
@@ -157,16 +170,16 @@ def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv, *,
     allowed_RWS = torch.cat([prompt_real_RP[:, None, :].expand(-1, W, -1), causal_WW[None].expand(R, W, W)], dim=-1)
     for layer, (prefix_keys, prefix_values) in zip(decoder.layers, prefix_kv):
         hidden_RWH = apply_layer(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, allowed_RWS)
-    return _norm(decoder.norm, hidden_RWH)
+    return apply_norm(decoder.norm, hidden_RWH)
 
 
 def _heads(x_RWF: torch.Tensor, head_dim: int, norm) -> torch.Tensor:
     """[R, W, heads·D] → [R, heads, W, D], with the per-head norm (Qwen3's q_norm / k_norm) when there is one."""
     x_RWHD = x_RWF.unflatten(-1, (-1, head_dim))
-    return (x_RWHD if norm is None else _norm(norm, x_RWHD)).transpose(1, 2)
+    return (x_RWHD if norm is None else apply_norm(norm, x_RWHD)).transpose(1, 2)
 
 
-def _norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def apply_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The norm module applied to x: through `_RMSNorm` when it is a plain fp32 RMS norm (Llama's and Qwen's,
     which keep `variance_epsilon`), else through the module itself."""
     weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)

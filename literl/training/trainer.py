@@ -120,7 +120,7 @@ class Trainer:
                 logp_BT, entropy_BT = token_logprobs(
                     p.policy, micro.tokens_BL.to(p.device), micro.prompt_len_B.to(p.device),
                     micro.response_ids_BT.shape[1], temperature=cfg.rollout.temperature, with_entropy=True,
-                    mask_BT=micro.mask_BT.to(p.device), compiled=cfg.trainer.compile)
+                    mask_BT=micro.mask_BT.to(p.device), compiled=cfg.trainer.compile, extras=micro.extras)
                 out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT)
                 out.loss.backward()
                 loss_tokens += out.num_loss_tokens

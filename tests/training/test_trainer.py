@@ -205,3 +205,29 @@ def test_the_last_checkpoint_is_not_written_twice(tiny_qwen3_dir, tmp_path, monk
     saved.clear()
     _run(tiny_qwen3_dir, tmp_path / "r", "trainer.save_every=1", "eval.every=0", "trainer.resume=true")
     assert saved == []                  # resumed at its end: the loaded checkpoint is the current state
+
+
+def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir, tmp_path, monkeypatch):
+    """By default each on-policy update replays the rollout's forward (literl/training/replay.py); with
+    trainer.replay_max_gib=0 it computes it. Same samples, losses, gradient norms and weights, within float
+    rounding."""
+    from literl.training import replay
+
+    calls = []
+    original = replay.replayed_responses
+    monkeypatch.setattr(replay, "replayed_responses", lambda *a, **k: calls.append(1) or original(*a, **k))
+    runs = {}
+    for label, extra in (("replayed", []), ("computed", ["trainer.replay_max_gib=0"])):
+        calls.clear()
+        cfg = load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / label, "eval.every=0",
+                                                                  "eval.before=false", *extra))
+        runs[label] = train(cfg, reward_fns=[length_reward])
+        assert bool(calls) == (label == "replayed")
+    replayed, computed = (read_metrics(runs[k]) for k in ("replayed", "computed"))
+    for a, b in zip(replayed, computed):
+        assert a["response_length/mean"] == b["response_length/mean"] and a["reward/mean"] == b["reward/mean"]
+        for key in ("loss/total", "optim/grad_norm", "entropy/mean"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    assert all(r["optim/grad_norm"] > 0 for r in replayed)
+    a, b = _params(runs["replayed"]), _params(runs["computed"])
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4

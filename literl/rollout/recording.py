@@ -1,0 +1,246 @@
+"""The rollout's forward, kept for the update: every matmul output of every decode step, per layer.
+
+Why: in an on-policy update (one optimizer step per rollout batch, the engine sampling from the policy module
+itself, fp32), the training forward recomputes exactly what the decode steps already computed, with the same
+weights. Keeping the outputs of the decode's matmuls lets the update skip its forward matmuls: a layer's
+backward needs each projection's input (cheap element-wise work, recomputed) and the gradient of its output,
+never the forward matmul itself (`literl.training.replay`). The update then costs 4N FLOPs per trained token
+instead of 6N.
+
+What is kept, per layer and fed response token (one row per token a decode step consumed), fp32:
+
+    [ q | k | v ]   the attention projections' outputs (before the per-head norms and rotary)
+    [ o ]           the output projection's output (what the layer adds to the residual stream)
+    [ gate | up ]   the MLP's input projections
+    [ down ]        the MLP's output projection (the layer's second residual add)
+
+The residual stream itself is not kept: it is the embedding plus these outputs, recomputed exactly. The buffers
+are reused from one rollout to the next (allocating hundreds of MB per step costs page faults), so a record is
+valid only until the engine's next recording call (`ForwardRecord.valid`), and only for the weights it was
+recorded with (`ForwardRecord.matches`).
+
+Applies to the Llama/Qwen-style layers the static decode step runs (`static_kv.has_supported_structure`) whose
+MLP is `down(act(gate(x)) · up(x))`; `supports_recording` checks that and compares a few recorded steps with
+the plain static step.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from literl.compiled import compile_for_varying_sizes
+from literl.rollout.static_kv import has_supported_structure, rotate
+
+# Keys under which a recording generation puts the record and its row index in its extras (literl.batch).
+RECORD_KEY = "rollout_forward"
+RECORD_ROW_KEY = "rollout_forward_row_BT"
+_MLP_PARTS = ("gate_proj", "up_proj", "down_proj", "act_fn")
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """Widths of what one layer records per fed token (see the module docstring)."""
+
+    q: int          # q_proj out_features
+    kv: int         # k_proj (= v_proj) out_features
+    hidden: int     # o_proj / down_proj out_features
+    ffn: int        # gate_proj (= up_proj) out_features
+
+    @property
+    def widths(self) -> tuple[int, int, int, int]:
+        """(qkv, o, gate_up, down)."""
+        return self.q + 2 * self.kv, self.hidden, 2 * self.ffn, self.hidden
+
+    @staticmethod
+    def of(model: torch.nn.Module) -> "RecordLayout":
+        layer = model.get_decoder().layers[0]
+        attn, mlp = layer.self_attn, layer.mlp
+        return RecordLayout(q=attn.q_proj.out_features, kv=attn.k_proj.out_features,
+                            hidden=attn.o_proj.out_features, ffn=mlp.gate_proj.out_features)
+
+
+def record_bytes(model: torch.nn.Module, rows: int) -> int:
+    """Memory a record of `rows` fed tokens takes (fp32, every layer)."""
+    return rows * sum(RecordLayout.of(model).widths) * len(model.get_decoder().layers) * 4
+
+
+class RecordBuffers:
+    """Per layer, one [capacity, width] fp32 buffer per recorded output (qkv, o, gate_up, down), reused by
+    successive records; the latest record owns them. One contiguous buffer per output lets a decode step's
+    matmul write its rows in place (no copy)."""
+
+    def __init__(self):
+        self.layers: list[tuple[torch.Tensor, ...]] = []
+        self.owner: "weakref.ref[ForwardRecord] | None" = None
+
+    def lease(self, record: "ForwardRecord", model: torch.nn.Module, rows: int, device: torch.device
+              ) -> list[tuple[torch.Tensor, ...]]:
+        widths, n_layers = RecordLayout.of(model).widths, len(model.get_decoder().layers)
+        current = self.layers[0] if self.layers else None
+        if (current is None or len(self.layers) != n_layers or current[0].shape[0] < rows
+                or tuple(b.shape[1] for b in current) != widths or current[0].device != device):
+            self.layers = []    # free the old buffers before allocating the new ones
+            # Outside inference mode: the update reads them with autograd on.
+            with torch.inference_mode(False):
+                self.layers = [tuple(torch.empty(rows, w, device=device) for w in widths) for _ in range(n_layers)]
+        self.owner = weakref.ref(record)
+        return self.layers
+
+
+class ForwardRecord:
+    """What one generate call's decode steps computed, for `literl.training.replay`.
+
+    layers[l]      layer l's (qkv, o, gate_up, down) buffers; row i holds what fed token i produced, i < rows
+    row_BT         long [B, T]: the record row of the decode step that fed response token t of row b (its
+                   output predicts token t + 1); −1 where no step fed it (the last token, padding)
+    """
+
+    def __init__(self, model: torch.nn.Module, buffers: RecordBuffers, batch: int, max_new_tokens: int,
+                 device: torch.device):
+        self.layout = RecordLayout.of(model)
+        self._model = weakref.ref(model)
+        self._versions = _weight_versions(model)
+        self._buffers = buffers
+        self.layers = buffers.lease(self, model, batch * max(max_new_tokens - 1, 1), device)
+        with torch.inference_mode(False):
+            self.row_BT = torch.full((batch, max_new_tokens), -1, dtype=torch.long, device=device)
+        self.rows = 0
+
+    def valid(self) -> bool:
+        """False once the engine has started another record in the same buffers."""
+        owner = self._buffers.owner
+        return owner is not None and owner() is self
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        """Whether it was recorded from this module with exactly its current weights (any in-place update, e.g.
+        an optimizer step, bumps a parameter's version counter)."""
+        return self._model() is model and _weight_versions(model) == self._versions
+
+    def add_step(self, slot_rows_R: torch.Tensor, token_index: int) -> list[tuple[torch.Tensor, ...]]:
+        """Reserve record rows for a decode step feeding response token `token_index` of these batch rows;
+        returns each layer's (qkv, o, gate_up, down) rows for the step to write."""
+        start, R = self.rows, slot_rows_R.shape[0]
+        self.row_BT[slot_rows_R, token_index] = torch.arange(start, start + R, device=slot_rows_R.device)
+        self.rows += R
+        return [tuple(buffer[start:start + R] for buffer in layer) for layer in self.layers]
+
+
+def _weight_versions(model: torch.nn.Module) -> tuple[int, ...]:
+    return tuple(p._version for p in model.parameters())
+
+
+def supports_recording(model: torch.nn.Module) -> bool:
+    """Llama/Qwen-style layers with a gated MLP and plain linear projections, no dropout, and recorded steps that
+    give the plain static step's logits (checked on a probe)."""
+    if not has_supported_structure(model) or getattr(model.config, "attention_dropout", 0.0):
+        return False
+    for layer in model.get_decoder().layers:
+        mlp, attn = layer.mlp, layer.self_attn
+        if not all(hasattr(mlp, part) for part in _MLP_PARTS):
+            return False
+        linears = [getattr(attn, name) for name in _PROJECTIONS] + [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        if not all(type(linear) is torch.nn.Linear for linear in linears):
+            return False
+    try:
+        return _matches_static_step(model)
+    except (AttributeError, TypeError, ValueError, RuntimeError, IndexError):
+        return False
+
+
+def fused_weights(model: torch.nn.Module) -> list[tuple[torch.Tensor, ...]]:
+    """Per layer (w_qkv, b_qkv, w_gate_up, b_gate_up): the decode step runs each group of projections that share
+    an input as one matmul (its output is one contiguous record range). Biases are None where absent."""
+    out = []
+    for layer in model.get_decoder().layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        out.append((torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                    _cat_biases(attn.q_proj, attn.k_proj, attn.v_proj),
+                    torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                    _cat_biases(mlp.gate_proj, mlp.up_proj)))
+    return out
+
+
+def _cat_biases(*linears: torch.nn.Linear) -> torch.Tensor | None:
+    if all(linear.bias is None for linear in linears):
+        return None
+    return torch.cat([linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+                      for linear in linears])
+
+
+def recording_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R: torch.Tensor,
+                          keys: list[torch.Tensor], values: list[torch.Tensor], bias_RS: torch.Tensor, column: int,
+                          weights: list[tuple[torch.Tensor, ...]], records: list[tuple[torch.Tensor, ...]]
+                          ) -> torch.Tensor:
+    """`static_kv.static_decode_step` whose matmuls write their outputs into the record rows of its slots
+    (records[l] = layer l's (qkv, o, gate_up, down) rows, `ForwardRecord.add_step`); returns logits_RV."""
+    body = model.get_decoder()
+    R = token_R.shape[0]
+    hidden_RH = body.embed_tokens(token_R)
+    cos_R1D, sin_R1D = body.rotary_emb(hidden_RH[:, None], position_R[:, None])
+    bias_R11S = bias_RS[:, None, None, :column + 1]
+    for layer, keys_RKSD, values_RKSD, (w_qkv, b_qkv, w_gate_up, b_gate_up), (qkv_RF, o_RH, gate_up_RF, down_RH) in zip(
+            body.layers, keys, values, weights, records):
+        attn, mlp = layer.self_attn, layer.mlp
+        D, kv_heads = attn.head_dim, keys_RKSD.shape[1]
+        _linear_into(layer.input_layernorm(hidden_RH), w_qkv, b_qkv, qkv_RF)
+        q_size, kv_size = attn.q_proj.out_features, attn.k_proj.out_features
+        query_RQD, key_RKD, value_RKD = (x.reshape(R, -1, D) for x in qkv_RF.split([q_size, kv_size, kv_size], -1))
+        if getattr(attn, "q_norm", None) is not None:
+            query_RQD = attn.q_norm(query_RQD)
+        if getattr(attn, "k_norm", None) is not None:
+            key_RKD = attn.k_norm(key_RKD)
+        query_RQD = rotate(query_RQD, cos_R1D, sin_R1D)
+        keys_RKSD.narrow(2, column, 1).copy_(rotate(key_RKD, cos_R1D, sin_R1D)[:, :, None])
+        values_RKSD.narrow(2, column, 1).copy_(value_RKD[:, :, None])
+        out_RKGD = F.scaled_dot_product_attention(query_RQD.view(R, kv_heads, -1, D), keys_RKSD[:, :, :column + 1],
+                                                  values_RKSD[:, :, :column + 1], attn_mask=bias_R11S,
+                                                  scale=attn.scaling)
+        hidden_RH = hidden_RH + _linear_into(out_RKGD.reshape(R, -1), attn.o_proj.weight, attn.o_proj.bias, o_RH)
+        _linear_into(layer.post_attention_layernorm(hidden_RH), w_gate_up, b_gate_up, gate_up_RF)
+        gate_RF, up_RF = gate_up_RF.chunk(2, dim=-1)
+        hidden_RH = hidden_RH + _linear_into(mlp.act_fn(gate_RF) * up_RF, mlp.down_proj.weight, mlp.down_proj.bias,
+                                             down_RH)
+    return model.get_output_embeddings()(body.norm(hidden_RH))
+
+
+def _linear_into(x_RI: torch.Tensor, weight_OI: torch.Tensor, bias_O: torch.Tensor | None, out_RO: torch.Tensor
+                 ) -> torch.Tensor:
+    """out = x·Wᵀ + b, written by the matmul itself into `out` (a record's rows)."""
+    if bias_O is None:
+        return torch.mm(x_RI, weight_OI.t(), out=out_RO)
+    return torch.addmm(bias_O, x_RI, weight_OI.t(), out=out_RO)
+
+
+@functools.cache
+def compiled_recording_step():
+    """`recording_decode_step` through `torch.compile` (once per process, shared by every engine; one graph for
+    every batch size, column and record offset; a step with one row left runs eagerly)."""
+    return compile_for_varying_sizes(recording_decode_step,
+                                     eager_when=lambda model, token_R, *rest: token_R.shape[0] < 2)
+
+
+@torch.inference_mode()
+def _matches_static_step(model: torch.nn.Module) -> bool:
+    """Three recorded decode steps give the plain static step's logits (the record is what they computed)."""
+    from literl.rollout.decoding import distinct_prompts, prefill
+    from literl.rollout.static_kv import StaticKVDecoder
+
+    vocab = model.get_output_embeddings().out_features
+    device = model.get_output_embeddings().weight.device
+    prepared = distinct_prompts([[3 % vocab, 4 % vocab, 5 % vocab], [6 % vocab]], pad_id=0, device=device)
+    tokens = [torch.tensor([t % vocab, (t + 1) % vocab], device=device) for t in (7, 9, 11)]
+    logits = []
+    for record in (None, ForwardRecord(model, RecordBuffers(), 2, len(tokens) + 1, device)):
+        _, cache = prefill(model, prepared)
+        decoder = StaticKVDecoder(model, cache, prepared, len(tokens) + 1, record=record,
+                                  recording_step_fn=recording_decode_step)
+        logits.append(torch.stack([decoder.step(token_R).float() for token_R in tokens]))
+    scale = float(logits[0].abs().max()) + 1.0
+    tolerance = 1e-4 if next(model.parameters()).dtype in (torch.float32, torch.float64) else 5e-2
+    return float((logits[0] - logits[1]).abs().max()) <= tolerance * scale

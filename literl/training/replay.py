@@ -1,0 +1,160 @@
+"""The update's forward replayed from the rollout's: no forward matmuls for response tokens.
+
+In an on-policy update the policy's weights are those the rollout sampled with, so every projection output of
+the training forward was already computed by a decode step and kept (`literl.rollout.recording`). Here each
+layer is applied to a response token's residual stream with its projections *replayed*: their forward returns
+the recorded output, and their backward is the usual one,
+
+    y = x·Wᵀ + b      ∂L/∂x = g·W      ∂L/∂W = gᵀ·x      ∂L/∂b = Σ_tokens g
+
+which needs the input x (norms, rotary, attention and SiLU·up are cheap and recomputed from the recorded
+outputs) but never the product x·Wᵀ itself. A response token then costs 4N matmul FLOPs in the update instead
+of 6N. The residual stream is the embedding plus the recorded outputs, so the hidden states, and hence the
+log-probs, are the rollout's own (the decode computed them); gradients equal the plain path's within float
+rounding (tests/training/test_replay.py).
+
+Prompts run as in `literl.training.shared_prompts` (each distinct prompt once, with autograd), and response
+tokens attend to their prompt's keys and values as there. `token_logprobs` takes this path only while the
+record is valid and matches the model's current weights (`replay_source`), and falls back to the plain one
+otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from literl.compiled import compile_for_varying_sizes
+from literl.rollout.recording import RECORD_KEY, RECORD_ROW_KEY, ForwardRecord
+from literl.rollout.static_kv import rotate
+from literl.training.shared_prompts import apply_norm
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A valid record and, for each response token of the rows at hand, its record row (−1: none)."""
+
+    record: ForwardRecord
+    row_BT: torch.Tensor
+
+
+def replay_source(extras: dict | None, model: torch.nn.Module) -> Replay | None:
+    """The batch's rollout record when it can stand in for the model's forward: still in its buffers and
+    recorded with exactly the model's current weights; else None (the plain forward runs)."""
+    if not extras:
+        return None
+    record, row_BT = extras.get(RECORD_KEY), extras.get(RECORD_ROW_KEY)
+    if record is None or row_BT is None or not record.valid() or not record.matches(model):
+        return None
+    return Replay(record, row_BT)
+
+
+class ReplayedProjections(torch.autograd.Function):
+    """Projections that share their input x, with recorded outputs: forward returns y_MO (the concatenated
+    outputs), backward gives ∂x = g·[W₁; W₂; …], ∂Wᵢ = gᵢᵀ·x, ∂bᵢ = Σ gᵢ. `params` is (W₁, b₁, W₂, b₂, …),
+    a b None where the projection has no bias."""
+
+    @staticmethod
+    def forward(ctx, x_MI, y_MO, *params):
+        ctx.save_for_backward(x_MI, *params)
+        return y_MO.view_as(y_MO)
+
+    @staticmethod
+    def backward(ctx, grad_MO):
+        x_MI, *params = ctx.saved_tensors
+        weights, biases = params[0::2], params[1::2]
+        weight_OI = weights[0] if len(weights) == 1 else torch.cat(weights)
+        grad_x = grad_MO.mm(weight_OI.to(grad_MO.dtype)) if ctx.needs_input_grad[0] else None
+        grad_weight_OI = grad_MO.t().mm(x_MI)
+        grads, start = [], 0
+        for weight, bias in zip(weights, biases):
+            rows = slice(start, start + weight.shape[0])
+            grads.append(grad_weight_OI[rows])
+            grads.append(grad_MO[:, rows].sum(0) if bias is not None else None)
+            start += weight.shape[0]
+        return (grad_x, None, *grads)
+
+
+def _projections(x_MI: torch.Tensor, y_MO: torch.Tensor, *linears: torch.nn.Linear) -> torch.Tensor:
+    params = [p for linear in linears for p in (linear.weight, linear.bias)]
+    return ReplayedProjections.apply(x_MI, y_MO, *params)
+
+
+def replayed_layer(layer: torch.nn.Module, hidden_MH: torch.Tensor, qkv_MF: torch.Tensor, o_MH: torch.Tensor,
+                   gate_up_MF: torch.Tensor, down_MH: torch.Tensor, cos_MD: torch.Tensor, sin_MD: torch.Tensor,
+                   prefix_keys: torch.Tensor, prefix_values: torch.Tensor, slot_M: torch.Tensor, rows: int,
+                   width: int, allowed_RWS: torch.Tensor) -> torch.Tensor:
+    """One decoder layer on m packed response tokens, given what the rollout recorded for them (its q/k/v, o,
+    gate/up and down projection outputs), attending to their prompt's keys and values and to the earlier tokens
+    of their row.
+
+    Attention runs on the padded [rows, heads, width, D] layout (`slot_M` = row·width + column of each token);
+    everything else on the packed tokens, so no projection's backward computes on padding.
+    """
+    attn, mlp = layer.self_attn, layer.mlp
+    D = attn.head_dim
+    cos_M1D, sin_M1D = cos_MD[:, None], sin_MD[:, None]
+    qkv_MF = _projections(apply_norm(layer.input_layernorm, hidden_MH), qkv_MF, attn.q_proj, attn.k_proj,
+                          attn.v_proj)
+    query_MF, key_MF, value_MF = qkv_MF.split(
+        [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features], dim=-1)
+    query_MQD = rotate(_per_head(query_MF, D, getattr(attn, "q_norm", None)), cos_M1D, sin_M1D)
+    key_MKD = rotate(_per_head(key_MF, D, getattr(attn, "k_norm", None)), cos_M1D, sin_M1D)
+    value_MKD = value_MF.unflatten(-1, (-1, D))
+    query, key, value = (_padded(x, slot_M, rows, width) for x in (query_MQD, key_MKD, value_MKD))
+    out_RQWD = F.scaled_dot_product_attention(query, torch.cat([prefix_keys, key], dim=2),
+                                              torch.cat([prefix_values, value], dim=2),
+                                              attn_mask=allowed_RWS[:, None], scale=attn.scaling, enable_gqa=True)
+    attended_MF = out_RQWD.transpose(1, 2).flatten(0, 1).flatten(1).index_select(0, slot_M)
+    hidden_MH = hidden_MH + _projections(attended_MF, o_MH, attn.o_proj)
+    gate_up_MF = _projections(apply_norm(layer.post_attention_layernorm, hidden_MH), gate_up_MF, mlp.gate_proj,
+                              mlp.up_proj)
+    gate_MF, up_MF = gate_up_MF.chunk(2, dim=-1)
+    return hidden_MH + _projections(mlp.act_fn(gate_MF) * up_MF, down_MH, mlp.down_proj)
+
+
+def _per_head(x_MF: torch.Tensor, head_dim: int, norm) -> torch.Tensor:
+    x_MHD = x_MF.unflatten(-1, (-1, head_dim))
+    return x_MHD if norm is None else apply_norm(norm, x_MHD)
+
+
+def _padded(x_MHD: torch.Tensor, slot_M: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """Packed [m, heads, D] → padded [rows, heads, width, D] (zeros where no token)."""
+    padded = x_MHD.new_zeros(rows * width, *x_MHD.shape[1:]).index_copy(0, slot_M, x_MHD)
+    return padded.unflatten(0, (rows, width)).transpose(1, 2)
+
+
+@functools.cache
+def compiled_replayed_layer():
+    """`replayed_layer` through `torch.compile` (once per process; one graph for every layer and bucket; a
+    bucket with one row, one token or a one-token prompt runs eagerly)."""
+    return compile_for_varying_sizes(
+        replayed_layer, eager_when=lambda layer, hidden_MH, *rest: min(
+            hidden_MH.shape[0], rest[6].shape[0], rest[6].shape[2], rest[-3], rest[-2]) < 2)
+
+
+def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor, prompt_real_RP: torch.Tensor,
+                       prefix_kv: list[tuple[torch.Tensor, torch.Tensor]], fed_RW: torch.Tensor,
+                       record_row_RW: torch.Tensor, record: ForwardRecord, *, compiled: bool = False
+                       ) -> torch.Tensor:
+    """hidden_MH (final norm applied) of the fed response tokens of a bucket of rows, in the row-major order of
+    fed_RW's True entries (the tokens a decode step consumed, a prefix of each row), from the record."""
+    R, W = ids_RW.shape
+    apply_layer = compiled_replayed_layer() if compiled else replayed_layer
+    row_M, column_M = fed_RW.nonzero(as_tuple=True)
+    slot_M = row_M * W + column_M
+    record_row_M = record_row_RW[row_M, column_M]
+    if bool((record_row_M < 0).any()):
+        raise ValueError("a fed response token has no record row: the record does not cover this batch")
+    hidden_MH = decoder.embed_tokens(ids_RW[row_M, column_M])
+    cos_MD, sin_MD = (x[0] for x in decoder.rotary_emb(hidden_MH[None], positions_RW[row_M, column_M][None]))
+    causal_WW = torch.ones(W, W, dtype=torch.bool, device=ids_RW.device).tril()
+    allowed_RWS = torch.cat([prompt_real_RP[:, None, :].expand(-1, W, -1), causal_WW[None].expand(R, W, W)], dim=-1)
+    for layer, (prefix_keys, prefix_values), buffers in zip(decoder.layers, prefix_kv, record.layers):
+        recorded = [buffer.index_select(0, record_row_M) for buffer in buffers]
+        hidden_MH = apply_layer(layer, hidden_MH, *recorded, cos_MD, sin_MD, prefix_keys, prefix_values, slot_M,
+                                R, W, allowed_RWS)
+    return apply_norm(decoder.norm, hidden_MH)

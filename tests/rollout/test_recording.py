@@ -1,0 +1,135 @@
+"""The rollout's forward record: what it holds, where each token's rows are, and when there is none."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from literl.rollout.generator import SamplingParams
+from literl.rollout.hf_engine import HFEngine
+from literl.rollout.recording import RECORD_KEY, RECORD_ROW_KEY, record_bytes, supports_recording
+from tests.conftest import build_tiny_qwen3, tiny_qwen3_moe_config
+from tests.rollout.test_engine import EOS, MANY_EOS, PAD, _prompts
+
+
+def _tiny_qwen2(seed=0):
+    """Qwen2 has biases on q/k/v: the record must include them."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=64, max_position_embeddings=256, pad_token_id=PAD,
+                         tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:     # nonzero biases, so that a missing one would show
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_()
+    return model
+
+
+def _projection_outputs(model, ids_1L):
+    """Per layer, the (qkv, o, gate_up, down) outputs of a plain forward at every position, via hooks."""
+    captured: dict[tuple[int, str], torch.Tensor] = {}
+    handles = []
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    for index, layer in enumerate(model.get_decoder().layers):
+        modules = {**{n: getattr(layer.self_attn, n) for n in names[:4]}, **{n: getattr(layer.mlp, n) for n in names[4:]}}
+        for name, module in modules.items():
+            handles.append(module.register_forward_hook(
+                lambda mod, args, out, key=(index, name): captured.__setitem__(key, out[0].detach())))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids_1L)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [(torch.cat([captured[(i, "q_proj")], captured[(i, "k_proj")], captured[(i, "v_proj")]], -1),
+             captured[(i, "o_proj")], torch.cat([captured[(i, "gate_proj")], captured[(i, "up_proj")]], -1),
+             captured[(i, "down_proj")]) for i in range(len(model.get_decoder().layers))]
+
+
+@pytest.mark.parametrize("build", [lambda: build_tiny_qwen3(seed=2), lambda: _tiny_qwen2(seed=2)],
+                         ids=["qwen3", "qwen2-biases"])
+def test_record_holds_each_fed_tokens_projection_outputs(build):
+    """Prompts of different lengths, responses ending early (rows dropped from the batch mid-rollout): the record
+    row of response token t of row b holds every layer's projection outputs at that position, as the model's
+    own forward computes them."""
+    model = build().eval()
+    prompts = _prompts(seed=4) * 3
+    engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
+    gen = engine.generate(prompts, SamplingParams(max_new_tokens=20), rng=torch.Generator().manual_seed(0),
+                          record_forward=True)
+    record, row_BT = gen.extras[RECORD_KEY], gen.extras[RECORD_ROW_KEY]
+    lengths = gen.mask_BT.sum(-1)
+    assert int(lengths.min()) < 20 <= int(lengths.max()), "the batch must shrink while some rows run to the end"
+    for b, prompt in enumerate(prompts):
+        n = int(lengths[b])
+        # Tokens 0 .. n-2 were fed (a finished row may also feed a few tokens past its end until it is dropped);
+        # the last column never is.
+        assert (row_BT[b, :n - 1] >= 0).all() and row_BT[b, -1] == -1
+        if n < 2:
+            continue
+        ids_1L = torch.tensor([prompt + gen.response_ids_BT[b, :n].tolist()])
+        expected = _projection_outputs(model, ids_1L)
+        rows = row_BT[b, :n - 1]
+        positions = torch.arange(len(prompt), len(prompt) + n - 1)   # response tokens 0 .. n-2 as inputs
+        for layer_record, layer_expected in zip(record.layers, expected):
+            for got, want in zip(layer_record, layer_expected):
+                torch.testing.assert_close(got[rows], want[positions], rtol=0, atol=2e-5)
+
+
+def test_recording_leaves_the_samples_unchanged():
+    model = build_tiny_qwen3(seed=3)
+    prompts, params = _prompts(seed=5) * 2, SamplingParams(max_new_tokens=16)
+    engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
+    plain = engine.generate(prompts, params, rng=torch.Generator().manual_seed(1))
+    recorded = engine.generate(prompts, params, rng=torch.Generator().manual_seed(1), record_forward=True)
+    assert RECORD_KEY in recorded.extras and RECORD_KEY not in plain.extras
+    assert torch.equal(recorded.response_ids_BT, plain.response_ids_BT)
+    torch.testing.assert_close(recorded.rollout_logp_BT, plain.rollout_logp_BT, rtol=0, atol=1e-5)
+
+
+def test_a_record_is_valid_until_the_next_recording_and_only_for_its_weights():
+    model = build_tiny_qwen3(seed=4)
+    engine = HFEngine(model, eos_token_ids=[EOS], pad_id=PAD)
+    params = SamplingParams(max_new_tokens=8)
+    first = engine.generate(_prompts(), params, record_forward=True).extras[RECORD_KEY]
+    assert first.valid() and first.matches(model)
+    assert not first.matches(build_tiny_qwen3(seed=4))          # same weights, another module
+    engine.generate(_prompts(), params)                         # a plain generation (evaluation) keeps it
+    assert first.valid()
+    second = engine.generate(_prompts(), params, record_forward=True).extras[RECORD_KEY]
+    assert second.valid() and not first.valid()                # its buffers now hold the second rollout
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    assert second.valid() and not second.matches(model)
+
+
+def test_no_record_where_the_update_could_not_use_one():
+    prompts, params = _prompts(), SamplingParams(max_new_tokens=8)
+    model = build_tiny_qwen3(seed=5)
+    cases = {
+        "over the memory budget": HFEngine(model, eos_token_ids=[EOS], pad_id=PAD,
+                                           record_max_bytes=record_bytes(model, len(prompts) * 7) - 1),
+        "an engine copy in another dtype": HFEngine(model, eos_token_ids=[EOS], pad_id=PAD, dtype=torch.bfloat16),
+        "the model's own forward": HFEngine(model, eos_token_ids=[EOS], pad_id=PAD, decode="dynamic"),
+    }
+    for why, engine in cases.items():
+        assert RECORD_KEY not in engine.generate(prompts, params, record_forward=True).extras, why
+    fits = HFEngine(model, eos_token_ids=[EOS], pad_id=PAD, record_max_bytes=record_bytes(model, len(prompts) * 7))
+    assert RECORD_KEY in fits.generate(prompts, params, record_forward=True).extras
+
+
+def test_moe_layers_are_not_recorded():
+    """A sparse MoE block is not `down(act(gate) · up)`: no record (Routing Replay is a separate feature)."""
+    from transformers import Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(tiny_qwen3_moe_config())
+    assert not supports_recording(model)
+    gen = HFEngine(model, eos_token_ids=[EOS], pad_id=PAD).generate(_prompts(), SamplingParams(max_new_tokens=6),
+                                                                   record_forward=True)
+    assert RECORD_KEY not in gen.extras and gen.mask_BT.any()

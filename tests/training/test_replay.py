@@ -1,0 +1,128 @@
+"""The update's forward replayed from the rollout's record: the log-probs, entropies and gradients of the plain
+path, on the rows of any micro-batch, and the plain path whenever the record cannot stand in."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from literl.batch import slice_rows
+from literl.rollout.generator import SamplingParams
+from literl.rollout.hf_engine import HFEngine
+from literl.rollout.recording import RECORD_KEY
+from literl.training import replay
+from literl.training.logprobs import token_logprobs
+from tests.conftest import build_tiny_qwen3
+from tests.rollout.test_engine import MANY_EOS, PAD, _prompts
+from tests.rollout.test_recording import _tiny_qwen2
+from tests.training.test_logprobs import _loss_grads
+
+
+def _rollout(model, prompts, max_new_tokens=16, seed=0):
+    """A recorded generation laid out as a training batch: (tokens_BL, prompt_len_B, T, mask_BT, extras)."""
+    engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
+    gen = engine.generate(prompts, SamplingParams(temperature=0.8, max_new_tokens=max_new_tokens),
+                          rng=torch.Generator().manual_seed(seed), record_forward=True)
+    mask_BT = gen.mask_BT.clone()
+    B, T = mask_BT.shape
+    tokens_BL = torch.full((B, max(len(p) for p in prompts) + T), PAD, dtype=torch.long)
+    for b, prompt in enumerate(prompts):
+        n = int(mask_BT[b].sum())
+        tokens_BL[b, :len(prompt)] = torch.tensor(prompt)
+        tokens_BL[b, len(prompt):len(prompt) + n] = gen.response_ids_BT[b, :n]
+    return tokens_BL, torch.tensor([len(p) for p in prompts]), T, mask_BT, gen.extras
+
+
+def _spy(monkeypatch) -> list:
+    calls = []
+    original = replay.replayed_responses
+
+    def spy(*args, **kwargs):
+        calls.append(args[5].shape[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(replay, "replayed_responses", spy)
+    return calls
+
+
+def _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras, temperature=0.8, compiled=False):
+    logp, ent = token_logprobs(model, tokens_BL, prompt_len_B, T, temperature=temperature, with_entropy=True,
+                               mask_BT=mask_BT, extras=extras, compiled=compiled)
+    return logp, ent, _loss_grads(model, logp, ent, mask_BT)
+
+
+@pytest.mark.parametrize("build", [lambda: build_tiny_qwen3(seed=6), lambda: _tiny_qwen2(seed=6)],
+                         ids=["qwen3", "qwen2-biases"])
+def test_replay_gives_the_plain_paths_values_and_grads(monkeypatch, build):
+    """Groups of three prompt lengths, responses of every length down to one token (no fed token), rows dropped
+    from the rollout's batch as they finish."""
+    model = build()
+    tokens_BL, prompt_len_B, T, mask_BT, extras = _rollout(model, _prompts(seed=2) * 2)
+    lengths = mask_BT.sum(-1)
+    assert int(lengths.min()) <= 2 and int(lengths.max()) == T
+    plain = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, None)
+    calls = _spy(monkeypatch)
+    replayed = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras)
+    assert calls, "the replay path must run"
+    torch.testing.assert_close(replayed[0][mask_BT], plain[0][mask_BT], rtol=0, atol=1e-5)
+    torch.testing.assert_close(replayed[1][mask_BT], plain[1][mask_BT], rtol=0, atol=1e-5)
+    assert (replayed[0][~mask_BT] == 0).all()
+    for name, grad in replayed[2].items():
+        torch.testing.assert_close(grad, plain[2][name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_a_micro_batch_of_rows_in_any_order_replays_its_own_rows(monkeypatch):
+    """The batch's extras are sliced with its rows (as `TrainBatch.micro_batches` does): every subset lands on
+    its own record rows."""
+    model = build_tiny_qwen3(seed=7)
+    tokens_BL, prompt_len_B, T, mask_BT, extras = _rollout(model, _prompts(seed=3) * 2, seed=3)
+    rows = torch.tensor([7, 0, 12, 3, 9])
+    sub = (tokens_BL[rows], prompt_len_B[rows], T, mask_BT[rows])
+    plain = _logprobs_and_grads(model, *sub, None)
+    calls = _spy(monkeypatch)
+    replayed = _logprobs_and_grads(model, *sub, slice_rows(extras, rows))
+    assert calls
+    torch.testing.assert_close(replayed[0], plain[0], rtol=0, atol=1e-5)
+    for name, grad in replayed[2].items():
+        torch.testing.assert_close(grad, plain[2][name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_the_plain_path_runs_once_the_weights_have_moved(monkeypatch):
+    """After an optimizer step the record no longer describes the policy: the forward is computed."""
+    model = build_tiny_qwen3(seed=8)
+    tokens_BL, prompt_len_B, T, mask_BT, extras = _rollout(model, _prompts(seed=4) * 2, seed=4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras)
+    optimizer.step()
+    calls = _spy(monkeypatch)
+    after = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras)
+    plain = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, None)
+    assert calls == [] and extras[RECORD_KEY].valid()
+    torch.testing.assert_close(after[0], plain[0], rtol=0, atol=0)
+
+
+def test_compiled_replay_matches_eager(monkeypatch):
+    """trainer.compile runs the replayed layers through torch.compile: same values and gradients."""
+    model = build_tiny_qwen3(seed=9)
+    tokens_BL, prompt_len_B, T, mask_BT, extras = _rollout(model, _prompts(seed=5) * 3, seed=5)
+    eager = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras)
+    compiled = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras, compiled=True)
+    torch.testing.assert_close(compiled[0], eager[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-5)
+    for name, grad in compiled[2].items():
+        torch.testing.assert_close(grad, eager[2][name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_replayed_projections_backward_is_the_linear_layers():
+    """∂x = g·[W₁; W₂], ∂Wᵢ = gᵢᵀ·x, ∂bᵢ = Σ gᵢ: against autograd through F.linear (a bias on one of the two)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 4, generator=g, requires_grad=True)
+    first, second = torch.nn.Linear(4, 3, bias=True), torch.nn.Linear(4, 2, bias=False)
+    expected = torch.cat([first(x), second(x)], -1)
+    grad = torch.randn(5, 5, generator=g)
+    want = torch.autograd.grad(expected, [x, first.weight, first.bias, second.weight], grad)
+    got_y = replay.ReplayedProjections.apply(x, expected.detach(), first.weight, first.bias, second.weight, None)
+    torch.testing.assert_close(got_y, expected.detach(), rtol=0, atol=0)
+    got = torch.autograd.grad(got_y, [x, first.weight, first.bias, second.weight], grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
