@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from literl.compiled import compile_for_varying_sizes
 from literl.rollout.recording import RECORD_KEY, RECORD_ROW_KEY, ForwardRecord
 from literl.rollout.static_kv import rotate
-from literl.training.shared_prompts import apply_norm
+from literl.training.shared_prompts import apply_norm, attention_bias, gather_distinct_rows
 
 
 @dataclass(frozen=True)
@@ -86,13 +86,14 @@ def _projections(x_MI: torch.Tensor, y_MO: torch.Tensor, *linears: torch.nn.Line
 def replayed_layer(layer: torch.nn.Module, hidden_MH: torch.Tensor, qkv_MF: torch.Tensor, o_MH: torch.Tensor,
                    gate_up_MF: torch.Tensor, down_MH: torch.Tensor, cos_MD: torch.Tensor, sin_MD: torch.Tensor,
                    prefix_keys: torch.Tensor, prefix_values: torch.Tensor, slot_M: torch.Tensor, rows: int,
-                   width: int, allowed_RWS: torch.Tensor) -> torch.Tensor:
+                   width: int, bias_R1WS: torch.Tensor) -> torch.Tensor:
     """One decoder layer on m packed response tokens, given what the rollout recorded for them (its q/k/v, o,
     gate/up and down projection outputs), attending to their prompt's keys and values and to the earlier tokens
     of their row.
 
-    Attention runs on the padded [rows, heads, width, D] layout (`slot_M` = row·width + column of each token);
-    everything else on the packed tokens, so no projection's backward computes on padding.
+    Attention runs on the padded [rows, heads, width, D] layout (`slot_M` = row·width + column of each token,
+    `bias_R1WS` the additive attention mask over prompt + response keys); everything else on the packed tokens,
+    so no projection's backward computes on padding.
     """
     attn, mlp = layer.self_attn, layer.mlp
     D = attn.head_dim
@@ -107,8 +108,8 @@ def replayed_layer(layer: torch.nn.Module, hidden_MH: torch.Tensor, qkv_MF: torc
     query, key, value = (_padded(x, slot_M, rows, width) for x in (query_MQD, key_MKD, value_MKD))
     out_RQWD = F.scaled_dot_product_attention(query, torch.cat([prefix_keys, key], dim=2),
                                               torch.cat([prefix_values, value], dim=2),
-                                              attn_mask=allowed_RWS[:, None], scale=attn.scaling, enable_gqa=True)
-    attended_MF = out_RQWD.transpose(1, 2).flatten(0, 1).flatten(1).index_select(0, slot_M)
+                                              attn_mask=bias_R1WS, scale=attn.scaling, enable_gqa=True)
+    attended_MF = gather_distinct_rows(out_RQWD.transpose(1, 2).flatten(0, 1).flatten(1), slot_M)
     hidden_MH = hidden_MH + _projections(attended_MF, o_MH, attn.o_proj)
     gate_up_MF = _projections(apply_norm(layer.post_attention_layernorm, hidden_MH), gate_up_MF, mlp.gate_proj,
                               mlp.up_proj)
@@ -151,10 +152,9 @@ def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor
         raise ValueError("a fed response token has no record row: the record does not cover this batch")
     hidden_MH = decoder.embed_tokens(ids_RW[row_M, column_M])
     cos_MD, sin_MD = (x[0] for x in decoder.rotary_emb(hidden_MH[None], positions_RW[row_M, column_M][None]))
-    causal_WW = torch.ones(W, W, dtype=torch.bool, device=ids_RW.device).tril()
-    allowed_RWS = torch.cat([prompt_real_RP[:, None, :].expand(-1, W, -1), causal_WW[None].expand(R, W, W)], dim=-1)
+    bias_R1WS = attention_bias(prompt_real_RP, W, hidden_MH.dtype)
     for layer, (prefix_keys, prefix_values), buffers in zip(decoder.layers, prefix_kv, record.layers):
         recorded = [buffer.index_select(0, record_row_M) for buffer in buffers]
         hidden_MH = apply_layer(layer, hidden_MH, *recorded, cos_MD, sin_MD, prefix_keys, prefix_values, slot_M,
-                                R, W, allowed_RWS)
+                                R, W, bias_R1WS)
     return apply_norm(decoder.norm, hidden_MH)

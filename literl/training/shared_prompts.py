@@ -96,8 +96,37 @@ def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_
                                                 compiled=compiled))
             order.append(flat_index_BT[rows_R, 1:width + 1][valid_RW])
     hidden_MH, order_M = torch.cat(parts), torch.cat(order)
-    # index_select, not indexing: its backward is an index_add, cheaper than an accumulating index_put.
-    return hidden_MH.index_select(0, torch.argsort(order_M))
+    return gather_distinct_rows(hidden_MH, torch.argsort(order_M))
+
+
+def gather_distinct_rows(x_NF: torch.Tensor, index_M: torch.Tensor) -> torch.Tensor:
+    """x_NF[index_M] for an index without repeats, whose backward scatters the gradient rows into place (no
+    accumulation, so no atomic adds in a compiled backward, ~5x faster than index_select's index_add here)."""
+    return _GatherDistinctRows.apply(x_NF, index_M)
+
+
+class _GatherDistinctRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_NF, index_M):
+        ctx.save_for_backward(index_M)
+        ctx.rows = x_NF.shape[0]
+        return x_NF.index_select(0, index_M)
+
+    @staticmethod
+    def backward(ctx, grad_MF):
+        (index_M,) = ctx.saved_tensors
+        return grad_MF.new_zeros(ctx.rows, *grad_MF.shape[1:]).index_copy(0, index_M, grad_MF), None
+
+
+def attention_bias(prompt_real_RP: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention mask [R, 1, W, P + W] of response tokens over their prompt (its real tokens) and the
+    response so far (causal): 0 where allowed, −inf elsewhere. Made once per forward: a boolean mask would be
+    converted to this inside every attention call, forward and backward."""
+    R, W = prompt_real_RP.shape[0], width
+    causal_WW = torch.ones(W, W, dtype=torch.bool, device=prompt_real_RP.device).tril()
+    allowed_RWS = torch.cat([prompt_real_RP[:, None, :].expand(-1, W, -1), causal_WW[None].expand(R, W, W)], dim=-1)
+    return torch.zeros(allowed_RWS.shape, dtype=dtype, device=allowed_RWS.device).masked_fill_(
+        ~allowed_RWS, float("-inf"))[:, None]
 
 
 def _run_prompts(decoder, prompts: DistinctPrompts) -> tuple[torch.Tensor, list[tuple[torch.Tensor, ...]]]:
@@ -124,17 +153,18 @@ def _with_cache(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv) -> tor
 
 def decoder_layer(layer: torch.nn.Module, hidden_RWH: torch.Tensor, prefix_keys: torch.Tensor,
                   prefix_values: torch.Tensor, cos_RWD: torch.Tensor, sin_RWD: torch.Tensor,
-                  allowed_RWS: torch.Tensor) -> torch.Tensor:
-    """One pre-norm decoder layer on response tokens that also attend to their prompt's keys and values."""
+                  bias_R1WS: torch.Tensor) -> torch.Tensor:
+    """One pre-norm decoder layer on response tokens that also attend to their prompt's keys and values
+    (`bias_R1WS`: `attention_bias`)."""
     # The head axes are added here, not by the caller: a compiled graph then sees them as constant 1s.
-    cos_R1WD, sin_R1WD, allowed_R1WS = cos_RWD[:, None], sin_RWD[:, None], allowed_RWS[:, None]
+    cos_R1WD, sin_R1WD = cos_RWD[:, None], sin_RWD[:, None]
     attn = layer.self_attn
     x_RWH = apply_norm(layer.input_layernorm, hidden_RWH)
     query = rotate(_heads(attn.q_proj(x_RWH), attn.head_dim, getattr(attn, "q_norm", None)), cos_R1WD, sin_R1WD)
     key = rotate(_heads(attn.k_proj(x_RWH), attn.head_dim, getattr(attn, "k_norm", None)), cos_R1WD, sin_R1WD)
     value = _heads(attn.v_proj(x_RWH), attn.head_dim, None)
     out = F.scaled_dot_product_attention(query, torch.cat([prefix_keys, key], dim=2),
-                                         torch.cat([prefix_values, value], dim=2), attn_mask=allowed_R1WS,
+                                         torch.cat([prefix_values, value], dim=2), attn_mask=bias_R1WS,
                                          scale=attn.scaling, enable_gqa=True)
     hidden_RWH = hidden_RWH + attn.o_proj(out.transpose(1, 2).flatten(2))
     mlp_out = layer.mlp(apply_norm(layer.post_attention_layernorm, hidden_RWH))
@@ -163,13 +193,12 @@ def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv, *,
     grouped-query attention without repeating the keys and values per query head, RMS norms with a hand-written
     backward (`_RMSNorm`); ~9% less update time. `apply_layer` is `decoder_layer` or its compiled version.
     """
-    R, W = ids_RW.shape
+    W = ids_RW.shape[1]
     hidden_RWH = decoder.embed_tokens(ids_RW)
     cos_RWD, sin_RWD = decoder.rotary_emb(hidden_RWH, positions_RW)
-    causal_WW = torch.ones(W, W, dtype=torch.bool, device=ids_RW.device).tril()
-    allowed_RWS = torch.cat([prompt_real_RP[:, None, :].expand(-1, W, -1), causal_WW[None].expand(R, W, W)], dim=-1)
+    bias_R1WS = attention_bias(prompt_real_RP, W, hidden_RWH.dtype)
     for layer, (prefix_keys, prefix_values) in zip(decoder.layers, prefix_kv):
-        hidden_RWH = apply_layer(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, allowed_RWS)
+        hidden_RWH = apply_layer(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, bias_R1WS)
     return apply_norm(decoder.norm, hidden_RWH)
 
 
