@@ -221,7 +221,7 @@ def _linear_into(x_RI: torch.Tensor, weight_OI: torch.Tensor, bias_O: torch.Tens
 def compiled_recording_step():
     """`recording_decode_step` through `torch.compile` (once per process, shared by every engine; one graph for
     every batch size, column and record offset; a step with one row left runs eagerly)."""
-    return compile_for_varying_sizes(recording_decode_step,
+    return compile_for_varying_sizes(recording_decode_step, cpp_wrapper=True,
                                      eager_when=lambda model, token_R, *rest: token_R.shape[0] < 2)
 
 

@@ -122,7 +122,7 @@ def compiled_decode_step():
     """`static_decode_step` through `torch.compile` (compiled on first use, once per process; shared by every
     engine): one graph for every batch size and cache column; a step with one row left runs eagerly
     (`literl.compiled`)."""
-    return compile_for_varying_sizes(static_decode_step,
+    return compile_for_varying_sizes(static_decode_step, cpp_wrapper=True,
                                      eager_when=lambda model, token_R, *rest: token_R.shape[0] < 2)
 
 

@@ -128,13 +128,26 @@ def _padded(x_MHD: torch.Tensor, slot_M: torch.Tensor, rows: int, width: int) ->
     return padded.unflatten(0, (rows, width)).transpose(1, 2)
 
 
+def replayed_layers(decoder, hidden_MH: torch.Tensor, record_layers: list[tuple[torch.Tensor, ...]],
+                    record_row_M: torch.Tensor, cos_MD: torch.Tensor, sin_MD: torch.Tensor,
+                    prefix_kv: list[tuple[torch.Tensor, torch.Tensor]], slot_M: torch.Tensor, rows: int, width: int,
+                    bias_R1WS: torch.Tensor) -> torch.Tensor:
+    """Every layer (`replayed_layer`) and the final norm on m packed tokens whose record rows are record_row_M."""
+    for layer, (prefix_keys, prefix_values), buffers in zip(decoder.layers, prefix_kv, record_layers):
+        recorded = [buffer.index_select(0, record_row_M) for buffer in buffers]
+        hidden_MH = replayed_layer(layer, hidden_MH, *recorded, cos_MD, sin_MD, prefix_keys, prefix_values, slot_M,
+                                   rows, width, bias_R1WS)
+    return apply_norm(decoder.norm, hidden_MH)
+
+
 @functools.cache
-def compiled_replayed_layer():
-    """`replayed_layer` through `torch.compile` (once per process; one graph for every layer and bucket; a
-    bucket with one row, one token or a one-token prompt runs eagerly)."""
+def compiled_replayed_layers():
+    """`replayed_layers` through `torch.compile` (once per process; one graph for every bucket: inductor fuses
+    the record gathers into the kernels that read them, and element-wise work across layer boundaries); a
+    bucket with one row, one token, a width of one or a one-token prompt runs eagerly."""
     return compile_for_varying_sizes(
-        replayed_layer, eager_when=lambda layer, hidden_MH, *rest: min(
-            hidden_MH.shape[0], rest[6].shape[0], rest[6].shape[2], rest[-3], rest[-2]) < 2)
+        replayed_layers, eager_when=lambda decoder, hidden_MH, record_layers, record_row_M, cos, sin, prefix_kv,
+        slot_M, rows, width, bias: min(hidden_MH.shape[0], prefix_kv[0][0].shape[2], rows, width) < 2)
 
 
 def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor, prompt_real_RP: torch.Tensor,
@@ -144,7 +157,6 @@ def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor
     """hidden_MH (final norm applied) of the fed response tokens of a bucket of rows, in the row-major order of
     fed_RW's True entries (the tokens a decode step consumed, a prefix of each row), from the record."""
     R, W = ids_RW.shape
-    apply_layer = compiled_replayed_layer() if compiled else replayed_layer
     row_M, column_M = fed_RW.nonzero(as_tuple=True)
     slot_M = row_M * W + column_M
     record_row_M = record_row_RW[row_M, column_M]
@@ -152,9 +164,6 @@ def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor
         raise ValueError("a fed response token has no record row: the record does not cover this batch")
     hidden_MH = decoder.embed_tokens(ids_RW[row_M, column_M])
     cos_MD, sin_MD = (x[0] for x in decoder.rotary_emb(hidden_MH[None], positions_RW[row_M, column_M][None]))
-    bias_R1WS = attention_bias(prompt_real_RP, W, hidden_MH.dtype)
-    for layer, (prefix_keys, prefix_values), buffers in zip(decoder.layers, prefix_kv, record.layers):
-        recorded = [buffer.index_select(0, record_row_M) for buffer in buffers]
-        hidden_MH = apply_layer(layer, hidden_MH, *recorded, cos_MD, sin_MD, prefix_keys, prefix_values, slot_M,
-                                R, W, bias_R1WS)
-    return apply_norm(decoder.norm, hidden_MH)
+    run = compiled_replayed_layers() if compiled else replayed_layers
+    return run(decoder, hidden_MH, record.layers, record_row_M, cos_MD, sin_MD, prefix_kv, slot_M, R, W,
+               attention_bias(prompt_real_RP, W, hidden_MH.dtype))
