@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from literl.compiled import compile_for_varying_sizes
 from literl.rollout.static_kv import has_supported_structure, rotate
@@ -105,6 +106,8 @@ class ForwardRecord:
                  device: torch.device):
         self.layout = RecordLayout.of(model)
         self._model = weakref.ref(model)
+        _count_optimizer_steps()
+        self._optimizer_steps = _OPTIMIZER_STEPS[0]
         self._versions = _weight_versions(model)
         self._buffers = buffers
         self.layers = buffers.lease(self, model, batch * max(max_new_tokens - 1, 1), device)
@@ -118,9 +121,11 @@ class ForwardRecord:
         return owner is not None and owner() is self
 
     def matches(self, model: torch.nn.Module) -> bool:
-        """Whether it was recorded from this module with exactly its current weights (any in-place update, e.g.
-        an optimizer step, bumps a parameter's version counter)."""
-        return self._model() is model and _weight_versions(model) == self._versions
+        """Whether it was recorded from this module with exactly its current weights: no optimizer has stepped
+        since (fused optimizers update weights without bumping their version counters) and no parameter was
+        modified in place (loading a state dict, a manual edit)."""
+        return (self._model() is model and _OPTIMIZER_STEPS[0] == self._optimizer_steps
+                and _weight_versions(model) == self._versions)
 
     def add_step(self, slot_rows_R: torch.Tensor, token_index: int) -> list[tuple[torch.Tensor, ...]]:
         """Reserve record rows for a decode step feeding response token `token_index` of these batch rows;
@@ -133,6 +138,19 @@ class ForwardRecord:
 
 def _weight_versions(model: torch.nn.Module) -> tuple[int, ...]:
     return tuple(p._version for p in model.parameters())
+
+
+# Optimizer steps taken in this process (any optimizer), counted by a global step hook registered with the
+# first record: a record made before a step never stands in for the weights after it.
+_OPTIMIZER_STEPS = [0]
+
+
+@functools.cache
+def _count_optimizer_steps() -> None:
+    def count(optimizer, args, kwargs) -> None:
+        _OPTIMIZER_STEPS[0] += 1
+
+    register_optimizer_step_post_hook(count)
 
 
 def supports_recording(model: torch.nn.Module) -> bool:

@@ -101,11 +101,17 @@ def test_a_record_is_valid_until_the_next_recording_and_only_for_its_weights():
     assert first.valid()
     second = engine.generate(_prompts(), params, record_forward=True).extras[RECORD_KEY]
     assert second.valid() and not first.valid()                # its buffers now hold the second rollout
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
-    optimizer.step()
-    assert second.valid() and not second.matches(model)
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] += 1.0                       # an in-place edit
+    assert not second.matches(model)
+    for fused in (False, True):                                 # a fused step leaves version counters alone
+        record = engine.generate(_prompts(), params, record_forward=True).extras[RECORD_KEY]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        assert record.matches(model)
+        optimizer.step()
+        assert record.valid() and not record.matches(model)
 
 
 def test_no_record_where_the_update_could_not_use_one():

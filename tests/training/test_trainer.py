@@ -207,22 +207,29 @@ def test_the_last_checkpoint_is_not_written_twice(tiny_qwen3_dir, tmp_path, monk
     assert saved == []                  # resumed at its end: the loaded checkpoint is the current state
 
 
-def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir, tmp_path, monkeypatch, minibatches):
     """By default each on-policy update replays the rollout's forward (literl/training/replay.py); with
     trainer.replay_max_gib=0 it computes it. Same samples, losses, gradient norms and weights, within float
-    rounding."""
-    from literl.training import replay
+    rounding; with two mini-batches only the first (before any optimizer step) replays."""
+    from literl.training import logprobs
 
-    calls = []
-    original = replay.replayed_responses
-    monkeypatch.setattr(replay, "replayed_responses", lambda *a, **k: calls.append(1) or original(*a, **k))
+    sources = []
+    original = logprobs.replay_source
+    monkeypatch.setattr(logprobs, "replay_source",    # update forwards only (the old-log-prob pass has no extras)
+                        lambda extras, model: sources.append(original(extras, model)) or sources[-1] if extras
+                        else None)
     runs = {}
     for label, extra in (("replayed", []), ("computed", ["trainer.replay_max_gib=0"])):
-        calls.clear()
+        sources.clear()
         cfg = load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / label, "eval.every=0",
-                                                                  "eval.before=false", *extra))
+                                                                  "eval.before=false",
+                                                                  f"trainer.minibatches={minibatches}", *extra))
         runs[label] = train(cfg, reward_fns=[length_reward])
-        assert bool(calls) == (label == "replayed")
+        if label == "replayed":      # two steps: the first mini-batch of each replays, later ones compute
+            assert [source is not None for source in sources] == [True, *[False] * (minibatches - 1)] * 2
+        else:                        # no record was kept
+            assert sources == []
     replayed, computed = (read_metrics(runs[k]) for k in ("replayed", "computed"))
     for a, b in zip(replayed, computed):
         assert a["response_length/mean"] == b["response_length/mean"] and a["reward/mean"] == b["reward/mean"]
