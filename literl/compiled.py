@@ -26,7 +26,14 @@ def compile_for_varying_sizes(fn: Callable, *, eager_when: Callable[..., bool], 
     def call(*args):
         if eager_when(*args):
             return fn(*args)
-        with fx_config.patch(use_duck_shape=False):
+        # Set for the call (a compile can happen in any of them) by plain assignment: `fx_config.patch` costs
+        # ~50 µs per call, 3 ms per rollout of 64 decode steps.
+        prior = fx_config.use_duck_shape
+        fx_config.use_duck_shape = False
+        try:
             return compiled(*args)
+        finally:
+            fx_config.use_duck_shape = prior
 
     return call
+
