@@ -100,6 +100,7 @@ class ForwardRecord:
     layers[l]      layer l's (qkv, o, gate_up, down) buffers; row i holds what fed token i produced, i < rows
     row_BT         long [B, T]: the record row of the decode step that fed response token t of row b (its
                    output predicts token t + 1); −1 where no step fed it (the last token, padding)
+    weights        the decode step's fused projection weights (`fused_weights`), made once per generation
     """
 
     def __init__(self, model: torch.nn.Module, buffers: RecordBuffers, batch: int, max_new_tokens: int,
@@ -111,6 +112,7 @@ class ForwardRecord:
         self._versions = _weight_versions(model)
         self._buffers = buffers
         self.layers = buffers.lease(self, model, batch * max(max_new_tokens - 1, 1), device)
+        self.weights = fused_weights(model)
         with torch.inference_mode(False):
             self.row_BT = torch.full((batch, max_new_tokens), -1, dtype=torch.long, device=device)
         self.rows = 0

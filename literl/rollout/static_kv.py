@@ -47,9 +47,6 @@ class StaticKVDecoder:
         P, source_B = prompts.width, prompts.source_B
         self.record, self.recording_step_fn = record, recording_step_fn
         if record is not None:
-            from literl.rollout.recording import fused_weights
-
-            self.fused_weights = fused_weights(model)
             self.slot_rows_R = torch.arange(source_B.shape[0], device=source_B.device)
         self.prompt_width = P
         # One spare column: a slice of all columns would be a distinct shape for torch.compile (a recompile).
@@ -81,7 +78,7 @@ class StaticKVDecoder:
         else:
             records = self.record.add_step(self.slot_rows_R, self.column - self.prompt_width)
             logits_RV = self.recording_step_fn(self.model, token_R, self.position_R, self.keys, self.values,
-                                               self.bias_RS, self.column, self.fused_weights, records)
+                                               self.bias_RS, self.column, self.record.weights, records)
         self.column += 1
         self.position_R = self.position_R + 1
         return logits_RV
