@@ -1,13 +1,13 @@
 """The rollout's forward, kept for the update: every matmul output of every decode step, per layer.
 
 Why: in an on-policy update (one optimizer step per rollout batch, the engine sampling from the policy module
-itself, fp32), the training forward recomputes exactly what the decode steps already computed, with the same
+itself), the training forward recomputes exactly what the decode steps already computed, with the same
 weights. Keeping the outputs of the decode's matmuls lets the update skip its forward matmuls: a layer's
 backward needs each projection's input (cheap element-wise work, recomputed) and the gradient of its output,
 never the forward matmul itself (`literl.training.replay`). The update then costs 4N FLOPs per trained token
 instead of 6N.
 
-What is kept, per layer and fed response token (one row per token a decode step consumed), fp32:
+What is kept, per layer and fed response token (one row per token a decode step consumed), in the model's dtype:
 
     [ q | k | v ]   the attention projections' outputs (before the per-head norms and rotary)
     [ o ]           the output projection's output (what the layer adds to the residual stream)
@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from literl.compiled import compile_for_varying_sizes
-from literl.rollout.static_kv import has_supported_structure, rotate
+from literl.rollout.decoding import distinct_prompts, prefill
+from literl.rollout.static_kv import StaticKVDecoder, has_supported_structure, rotate
 
 # Keys under which a recording generation puts the record and its row index in its extras (literl.batch).
 RECORD_KEY = "rollout_forward"
@@ -67,12 +68,13 @@ class RecordLayout:
 
 
 def record_bytes(model: torch.nn.Module, rows: int) -> int:
-    """Memory a record of `rows` fed tokens takes (fp32, every layer)."""
-    return rows * sum(RecordLayout.of(model).widths) * len(model.get_decoder().layers) * 4
+    """Memory a record of `rows` fed tokens takes (every layer, in the model's dtype)."""
+    element = next(model.parameters()).element_size()
+    return rows * sum(RecordLayout.of(model).widths) * len(model.get_decoder().layers) * element
 
 
 class RecordBuffers:
-    """Per layer, one [capacity, width] fp32 buffer per recorded output (qkv, o, gate_up, down), reused by
+    """Per layer, one [capacity, width] buffer per recorded output (qkv, o, gate_up, down), reused by
     successive records; the latest record owns them. One contiguous buffer per output lets a decode step's
     matmul write its rows in place (no copy)."""
 
@@ -83,13 +85,16 @@ class RecordBuffers:
     def lease(self, record: "ForwardRecord", model: torch.nn.Module, rows: int, device: torch.device
               ) -> list[tuple[torch.Tensor, ...]]:
         widths, n_layers = RecordLayout.of(model).widths, len(model.get_decoder().layers)
+        dtype = next(model.parameters()).dtype
         current = self.layers[0] if self.layers else None
         if (current is None or len(self.layers) != n_layers or current[0].shape[0] < rows
-                or tuple(b.shape[1] for b in current) != widths or current[0].device != device):
+                or tuple(b.shape[1] for b in current) != widths or current[0].device != device
+                or current[0].dtype != dtype):
             self.layers = []    # free the old buffers before allocating the new ones
             # Outside inference mode: the update reads them with autograd on.
             with torch.inference_mode(False):
-                self.layers = [tuple(torch.empty(rows, w, device=device) for w in widths) for _ in range(n_layers)]
+                self.layers = [tuple(torch.empty(rows, w, device=device, dtype=dtype) for w in widths)
+                               for _ in range(n_layers)]
         self.owner = weakref.ref(record)
         return self.layers
 
@@ -240,7 +245,7 @@ def _linear_into(x_RI: torch.Tensor, weight_OI: torch.Tensor, bias_O: torch.Tens
 @functools.cache
 def compiled_recording_step():
     """`recording_decode_step` through `torch.compile` (once per process, shared by every engine; one graph for
-    every batch size, column and record offset; a step with one row left runs eagerly)."""
+    every batch size and cache column; a step with one row left runs eagerly)."""
     return compile_for_varying_sizes(recording_decode_step, cpp_wrapper=True,
                                      eager_when=lambda model, token_R, *rest: token_R.shape[0] < 2)
 
@@ -248,9 +253,6 @@ def compiled_recording_step():
 @torch.inference_mode()
 def _matches_static_step(model: torch.nn.Module) -> bool:
     """Three recorded decode steps give the plain static step's logits (the record is what they computed)."""
-    from literl.rollout.decoding import distinct_prompts, prefill
-    from literl.rollout.static_kv import StaticKVDecoder
-
     vocab = model.get_output_embeddings().out_features
     device = model.get_output_embeddings().weight.device
     prepared = distinct_prompts([[3 % vocab, 4 % vocab, 5 % vocab], [6 % vocab]], pad_id=0, device=device)

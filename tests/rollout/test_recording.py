@@ -34,7 +34,8 @@ def _projection_outputs(model, ids_1L):
     handles = []
     names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     for index, layer in enumerate(model.get_decoder().layers):
-        modules = {**{n: getattr(layer.self_attn, n) for n in names[:4]}, **{n: getattr(layer.mlp, n) for n in names[4:]}}
+        modules = {**{n: getattr(layer.self_attn, n) for n in names[:4]},
+                   **{n: getattr(layer.mlp, n) for n in names[4:]}}
         for name, module in modules.items():
             handles.append(module.register_forward_hook(
                 lambda mod, args, out, key=(index, name): captured.__setitem__(key, out[0].detach())))

@@ -126,3 +126,19 @@ def test_replayed_projections_backward_is_the_linear_layers():
     got = torch.autograd.grad(got_y, [x, first.weight, first.bias, second.weight], grad)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+def test_a_bfloat16_policy_replays_in_its_own_dtype(monkeypatch):
+    """model.dtype=bfloat16 with a bf16 engine (no copy): the record is kept in bf16 and the replayed update
+    gives the computed one's values and gradients within bf16 rounding."""
+    model = build_tiny_qwen3(seed=10).to(torch.bfloat16)
+    tokens_BL, prompt_len_B, T, mask_BT, extras = _rollout(model, _prompts(seed=6) * 2, seed=6)
+    assert extras[RECORD_KEY].layers[0][0].dtype == torch.bfloat16
+    plain = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, None)
+    calls = _spy(monkeypatch)
+    replayed = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras)
+    assert calls
+    torch.testing.assert_close(replayed[0][mask_BT], plain[0][mask_BT], rtol=0, atol=0.1)
+    for name, grad in replayed[2].items():
+        scale = float(plain[2][name].float().abs().max()) + 1e-3
+        assert float((grad.float() - plain[2][name].float()).abs().max()) <= 0.1 * scale, name
