@@ -39,9 +39,11 @@ def flop_params(model: torch.nn.Module) -> int:
 
 
 def floor_seconds(n_params: int, generated_tokens: float, trained_tokens: float, *, rate_generate: float,
-                  rate_train: float) -> float:
-    """2N·generated / rate_generate + 6N·trained / rate_train (rates in FLOP/s)."""
-    return 2 * n_params * generated_tokens / rate_generate + 6 * n_params * trained_tokens / rate_train
+                  rate_train: float, train_flops_per_param: int = 6) -> float:
+    """2N·generated / rate_generate + 6N·trained / rate_train (rates in FLOP/s); `train_flops_per_param=4` for
+    an update that takes its forward from the rollout (backward only)."""
+    return (2 * n_params * generated_tokens / rate_generate
+            + train_flops_per_param * n_params * trained_tokens / rate_train)
 
 
 def combined_rate(n_params: int, generated_tokens: float, trained_tokens: float, *, rate_generate: float,

@@ -4,7 +4,8 @@
 The objective mirrors TRL's defaults: GRPO group advantages (std-scaled), PPO clip ε = 0.2, token-mean
 aggregation over the step (TRL's `loss_type="dapo"`), no KL, no reference model, one on-policy optimizer step
 per rollout batch (so the old-log-prob pass is skipped, as TRL does with num_iterations=1), AdamW at TRL's
-default learning rate 1e-6, gradient clipping at 1.0.
+default learning rate 1e-6, gradient clipping at 1.0. literl's defaults stay on, the update replaying the
+rollout's forward among them (`replayed_update` in each step's record).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 import torch
 
 from literl.rewards.isolation import time_bounded
+from literl.training.replay import replay_source
 
 
 @time_bounded
@@ -60,6 +62,7 @@ class LiterlStepper:
         self.trainer = Trainer(parts)
         self._cpu: dict[str, float] = {}
         self._prepared = None
+        self._replayed = False
         self._instrument(parts)
 
     def _instrument(self, parts) -> None:
@@ -76,8 +79,13 @@ class LiterlStepper:
             self._prepared = prepare(*args, **kwargs)
             return self._prepared
 
+        def update_noting_replay(train):
+            # Asked before the update: its optimizer step makes the record stale.
+            self._replayed = replay_source(train.extras, parts.policy) is not None
+            return update(train)
+
         parts.collector.collect = timed("rollout", collect)
-        self.trainer._update = timed("update", update)
+        self.trainer._update = timed("update", update_noting_replay)
         parts.objective.prepare = keep_prepared
 
     @contextmanager
@@ -106,6 +114,8 @@ class LiterlStepper:
             "responses": float(len(train)),
             "zero_advantage_responses": float(_zero_advantage_rows(train.adv_BT, train.loss_mask_BT)),
             "zero_reward_std_groups": metrics["groups/zero_std_frac"] * len(train) / self.cfg.rollout.group_size,
+            # 1: the update replayed the rollout's forward (literl/training/replay.py), 4N FLOPs per trained token
+            "replayed_update": float(self._replayed),
         }
 
     def close(self) -> None:

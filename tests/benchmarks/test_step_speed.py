@@ -29,6 +29,8 @@ def test_floor_and_combined_rate_hand_case():
     kwargs = dict(rate_generate=1e9, rate_train=2e9)
     assert flop_floor.floor_seconds(10**6, 10, 5, **kwargs) == pytest.approx(0.035)
     assert flop_floor.combined_rate(10**6, 10, 5, **kwargs) == pytest.approx(5e7 / 0.035)
+    # Backward only (an update replaying the rollout's forward): 0.02 + 4·10⁶·5 / (2·10⁹) = 0.03 s.
+    assert flop_floor.floor_seconds(10**6, 10, 5, **kwargs, train_flops_per_param=4) == pytest.approx(0.03)
 
 
 def test_matmul_rate_counts_the_flops_of_its_shapes():
@@ -61,6 +63,7 @@ def test_literl_side_updates_on_every_response():
     assert record["zero_reward_std_groups"] == 0 and record["zero_advantage_responses"] == 0
     assert record["trained_tokens"] == record["generated_tokens"] > 0
     assert record["old_logp_s"] == 0.0      # on-policy single update: no recompute pass, as in TRL
+    assert record["replayed_update"] == 1.0  # ... and the update replays the rollout's forward
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
 
 
