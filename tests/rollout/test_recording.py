@@ -140,3 +140,27 @@ def test_moe_layers_are_not_recorded():
     gen = HFEngine(model, eos_token_ids=[EOS], pad_id=PAD).generate(_prompts(), SamplingParams(max_new_tokens=6),
                                                                    record_forward=True)
     assert RECORD_KEY not in gen.extras and gen.mask_BT.any()
+
+
+@pytest.mark.slow
+def test_compiled_recording_step_matches_eager():
+    """rollout.compile=true: the same tokens, log-probs and record as the eager step, one compiled graph for
+    every batch size (rows dropped mid-rollout, a last row left alone runs eagerly)."""
+    from torch._dynamo.utils import counters
+
+    model = build_tiny_qwen3(seed=12)
+    params = SamplingParams(greedy=True, max_new_tokens=20)
+    counters.clear()
+    compiled_engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, compile=True)
+    eager_engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
+    for prompts in (_prompts(seed=6) * 2, _prompts(seed=7), _prompts(seed=6)[:1]):
+        eager = eager_engine.generate(prompts, params, record_forward=True)
+        compiled = compiled_engine.generate(prompts, params, record_forward=True)
+        assert torch.equal(compiled.response_ids_BT, eager.response_ids_BT)
+        torch.testing.assert_close(compiled.rollout_logp_BT, eager.rollout_logp_BT, rtol=0, atol=1e-5)
+        assert torch.equal(compiled.extras[RECORD_ROW_KEY], eager.extras[RECORD_ROW_KEY])
+        rows = compiled.extras[RECORD_KEY].rows
+        for got_layer, want_layer in zip(compiled.extras[RECORD_KEY].layers, eager.extras[RECORD_KEY].layers):
+            for got, want in zip(got_layer, want_layer):
+                torch.testing.assert_close(got[:rows], want[:rows], rtol=0, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
