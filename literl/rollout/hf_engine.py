@@ -65,11 +65,12 @@ class HFEngine:
         self.decode = decode
         self.sync_every = sync_every
         self._static_ok: bool | None = None
-        self._step_fn = compiled_decode_step() if compile else static_decode_step
+        device_type = next(model.parameters()).device.type
+        self._step_fn = compiled_decode_step(device_type) if compile else static_decode_step
         self.record_max_bytes = int(record_max_bytes)
         self._recording_ok: bool | None = None
         self._record_buffers = RecordBuffers()
-        self._recording_step_fn = compiled_recording_step() if compile else recording_decode_step
+        self._recording_step_fn = compiled_recording_step(device_type) if compile else recording_decode_step
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         if self.model is policy:

@@ -243,10 +243,10 @@ def _linear_into(x_RI: torch.Tensor, weight_OI: torch.Tensor, bias_O: torch.Tens
 
 
 @functools.cache
-def compiled_recording_step():
-    """`recording_decode_step` through `torch.compile` (once per process, shared by every engine; one graph for
-    every batch size and cache column; a step with one row left runs eagerly)."""
-    return compile_for_varying_sizes(recording_decode_step, cpp_wrapper=True,
+def compiled_recording_step(device_type: str = "cpu"):
+    """`recording_decode_step` through `torch.compile` (once per process and device type, shared by every
+    engine; one graph for every batch size and cache column; a step with one row left runs eagerly)."""
+    return compile_for_varying_sizes(recording_decode_step, cpp_wrapper=device_type == "cpu",
                                      eager_when=lambda model, token_R, *rest: token_R.shape[0] < 2)
 
 

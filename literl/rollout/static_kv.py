@@ -35,7 +35,7 @@ _UNSUPPORTED_CONFIG = ("attn_logit_softcapping", "final_logit_softcapping")
 class StaticKVDecoder:
     """Decoder over a preallocated per-layer KV cache [R, kv_heads, S, head_dim], S = P + max_new_tokens.
 
-    `step_fn` is `static_decode_step` or its compiled version (`compiled_decode_step()`). With a `record`
+    `step_fn` is `static_decode_step` or its compiled version (`compiled_decode_step`). With a `record`
     (`literl.rollout.recording.ForwardRecord`), steps run `recording_step_fn` instead, which also keeps every
     layer's matmul outputs in the record, and the decoder tracks which batch row each slot holds.
     """
@@ -115,11 +115,11 @@ def static_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R
 
 
 @functools.cache
-def compiled_decode_step():
-    """`static_decode_step` through `torch.compile` (compiled on first use, once per process; shared by every
-    engine): one graph for every batch size and cache column; a step with one row left runs eagerly
-    (`literl.compiled`)."""
-    return compile_for_varying_sizes(static_decode_step, cpp_wrapper=True,
+def compiled_decode_step(device_type: str = "cpu"):
+    """`static_decode_step` through `torch.compile` (compiled on first use, once per process and device type;
+    shared by every engine): one graph for every batch size and cache column; a step with one row left runs
+    eagerly (`literl.compiled`). On CPU its kernels are called from C++ (measured there only)."""
+    return compile_for_varying_sizes(static_decode_step, cpp_wrapper=device_type == "cpu",
                                      eager_when=lambda model, token_R, *rest: token_R.shape[0] < 2)
 
 
