@@ -14,9 +14,10 @@ log-probs, are the rollout's own (the decode computed them); gradients equal the
 rounding (tests/training/test_replay.py).
 
 Prompts run as in `literl.training.shared_prompts` (each distinct prompt once, with autograd), and response
-tokens attend to their prompt's keys and values as there. `token_logprobs` takes this path only while the
-record is valid and matches the model's current weights (`replay_source`), and falls back to the plain one
-otherwise.
+tokens attend to their prompt's keys and values as there. Without autograd (an old-log-prob pass before the
+first optimizer step) only the residual additions are left: the response tokens' hidden states are the
+embedding plus the recorded o and down outputs. `token_logprobs` takes this path only while the record is
+valid and matches the model's current weights (`replay_source`), and falls back to the plain one otherwise.
 """
 
 from __future__ import annotations
@@ -163,6 +164,13 @@ def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor
     if bool((record_row_M < 0).any()):
         raise ValueError("a fed response token has no record row: the record does not cover this batch")
     hidden_MH = decoder.embed_tokens(ids_RW[row_M, column_M])
+    if not torch.is_grad_enabled():
+        # Values only (an old-log-prob pass): each layer adds its recorded o and down outputs to the residual
+        # stream, so nothing but those additions and the final norm is left to compute.
+        for o_MH, down_MH in ((layer[1], layer[3]) for layer in record.layers):
+            hidden_MH = hidden_MH + o_MH.index_select(0, record_row_M)
+            hidden_MH = hidden_MH + down_MH.index_select(0, record_row_M)
+        return apply_norm(decoder.norm, hidden_MH)
     cos_MD, sin_MD = (x[0] for x in decoder.rotary_emb(hidden_MH[None], positions_RW[row_M, column_M][None]))
     run = compiled_replayed_layers() if compiled else replayed_layers
     return run(decoder, hidden_MH, record.layers, record_row_M, cos_MD, sin_MD, prefix_kv, slot_M, R, W,

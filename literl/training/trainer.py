@@ -164,7 +164,8 @@ class Trainer:
             part = batch.select(idx).trimmed()
             logp, _ = token_logprobs(model, part.tokens_BL.to(device), part.prompt_len_B.to(device),
                                      part.response_ids_BT.shape[1], temperature=self.cfg.rollout.temperature,
-                                     mask_BT=part.mask_BT.to(device), compiled=self.cfg.trainer.compile)
+                                     mask_BT=part.mask_BT.to(device), compiled=self.cfg.trainer.compile,
+                                     extras=part.extras)
             out[idx, :logp.shape[1]] = logp.float().cpu()
         return torch.where(batch.mask_BT, out, torch.zeros_like(out))[:, :T]
 

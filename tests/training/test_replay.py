@@ -87,6 +87,20 @@ def test_a_micro_batch_of_rows_in_any_order_replays_its_own_rows(monkeypatch):
         torch.testing.assert_close(grad, plain[2][name], rtol=0, atol=1e-5, msg=name)
 
 
+def test_without_autograd_the_record_alone_gives_the_log_probs(monkeypatch):
+    """An old-log-prob pass (no grad) before the first optimizer step: the hidden states are the embedding plus
+    the recorded residual outputs, no layer recomputed; the plain path's values."""
+    model = build_tiny_qwen3(seed=11)
+    tokens_BL, prompt_len_B, T, mask_BT, extras = _rollout(model, _prompts(seed=7) * 2, seed=7)
+    with torch.no_grad():
+        plain, _ = token_logprobs(model, tokens_BL, prompt_len_B, T, temperature=0.8, mask_BT=mask_BT)
+        calls = _spy(monkeypatch)
+        replayed, _ = token_logprobs(model, tokens_BL, prompt_len_B, T, temperature=0.8, mask_BT=mask_BT,
+                                     extras=extras)
+    assert calls
+    torch.testing.assert_close(replayed, plain, rtol=0, atol=1e-5)
+
+
 def test_the_plain_path_runs_once_the_weights_have_moved(monkeypatch):
     """After an optimizer step the record no longer describes the policy: the forward is computed."""
     model = build_tiny_qwen3(seed=8)

@@ -211,12 +211,13 @@ def test_the_last_checkpoint_is_not_written_twice(tiny_qwen3_dir, tmp_path, monk
 def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir, tmp_path, monkeypatch, minibatches):
     """By default each on-policy update replays the rollout's forward (literl/training/replay.py); with
     trainer.replay_max_gib=0 it computes it. Same samples, losses, gradient norms and weights, within float
-    rounding; with two mini-batches only the first (before any optimizer step) replays."""
+    rounding; with two mini-batches the old-log-prob pass and the first mini-batch (before any optimizer step)
+    replay, the second computes."""
     from literl.training import logprobs
 
     sources = []
     original = logprobs.replay_source
-    monkeypatch.setattr(logprobs, "replay_source",    # update forwards only (the old-log-prob pass has no extras)
+    monkeypatch.setattr(logprobs, "replay_source",
                         lambda extras, model: sources.append(original(extras, model)) or sources[-1] if extras
                         else None)
     runs = {}
@@ -226,8 +227,9 @@ def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir,
                                                                   "eval.before=false",
                                                                   f"trainer.minibatches={minibatches}", *extra))
         runs[label] = train(cfg, reward_fns=[length_reward])
-        if label == "replayed":      # two steps: the first mini-batch of each replays, later ones compute
-            assert [source is not None for source in sources] == [True, *[False] * (minibatches - 1)] * 2
+        if label == "replayed":      # per step: [old-log-prob pass,] first mini-batch, later mini-batches
+            per_step = [True, True, *[False] * (minibatches - 1)] if minibatches > 1 else [True]
+            assert [source is not None for source in sources] == per_step * 2
         else:                        # no record was kept
             assert sources == []
     replayed, computed = (read_metrics(runs[k]) for k in ("replayed", "computed"))
