@@ -36,4 +36,3 @@ def compile_for_varying_sizes(fn: Callable, *, eager_when: Callable[..., bool], 
             fx_config.use_duck_shape = prior
 
     return call
-

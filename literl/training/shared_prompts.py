@@ -56,6 +56,8 @@ def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_
     replayed from the rollout's record instead of computed.
     """
     device, decoder = tokens_BL.device, model.get_decoder()
+    if replay is not None:
+        from literl.training.replay import replayed_responses     # replay builds on this module's layers
     if runs_layer_by_layer(model):
         run_responses = functools.partial(
             _layer_by_layer, apply_layer=compiled_decoder_layer() if compiled else decoder_layer)
@@ -89,8 +91,6 @@ def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_
                 row_M, col_M = valid_RW.nonzero(as_tuple=True)
                 parts.append(hidden_RWH[row_M, col_M])
             else:
-                from literl.training.replay import replayed_responses
-
                 parts.append(replayed_responses(decoder, ids_RW, positions_RW, prompts.real_UP[source_R], prefix_kv,
                                                 valid_RW, replay.row_BT[rows_R, :width].to(device), replay.record,
                                                 compiled=compiled))
