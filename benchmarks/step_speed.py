@@ -93,7 +93,8 @@ class LiterlSide:
             model, tokenizer = workload.build_model()
             self.variants[name] = LiterlStepper(model, tokenizer, problems(), threads=args.threads,
                                                 group_size=workload.GROUP_SIZE,
-                                                max_new_tokens=workload.MAX_NEW_TOKENS, extra_overrides=overrides)
+                                                max_new_tokens=workload.MAX_NEW_TOKENS,
+                                                extra_overrides=(*overrides, *args.override))
             self.records[name] = []
             warm = [self.variants[name].step() for _ in range(args.warmup)]
             log(f"{name} warm-up steps: " + ", ".join(f"{r['step_s']:.2f}" for r in warm) + " s")
@@ -235,7 +236,7 @@ def sweep_record(args) -> dict:
         for max_new_tokens in SWEEP_LENGTHS:
             model, tokenizer = workload.build_model()
             literl = LiterlStepper(model, tokenizer, problems(), threads=args.threads, group_size=group_size,
-                                   max_new_tokens=max_new_tokens)
+                                   max_new_tokens=max_new_tokens, extra_overrides=tuple(args.override))
             for _ in range(args.warmup):
                 literl.step()
             summary = median_record([literl.step() for _ in range(args.steps)])
@@ -255,12 +256,12 @@ MEMORY_VOCAB = 151_936
 MEMORY_PROMPTS, MEMORY_GROUP, MEMORY_TOKENS = 8, 8, 512
 
 
-def memory_child(threads: int) -> dict:
+def memory_child(threads: int, overrides: tuple[str, ...] = ()) -> dict:
     """One full literl step at vocabulary 151,936, 64 responses × up to 512 tokens; its peak memory."""
     workload.set_threads(threads)
     model, tokenizer = workload.build_model(vocab_size=MEMORY_VOCAB)
     literl = LiterlStepper(model, tokenizer, problems(MEMORY_PROMPTS), threads=threads, group_size=MEMORY_GROUP,
-                           max_new_tokens=MEMORY_TOKENS)
+                           max_new_tokens=MEMORY_TOKENS, extra_overrides=overrides)
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.synchronize()
@@ -277,7 +278,8 @@ def memory_child(threads: int) -> dict:
 
 
 def memory_record(args) -> dict:
-    command = [sys.executable, __file__, "--memory-child", "--threads", str(args.threads)]
+    command = [sys.executable, __file__, "--memory-child", "--threads", str(args.threads),
+               *(f"--override={override}" for override in args.override)]
     out = subprocess.run(command, check=True, capture_output=True, text=True)
     child = json.loads(out.stdout.strip().splitlines()[-1])
     return {"benchmark": "step_speed_memory", "measured_at": datetime.date.today().isoformat(),
@@ -304,9 +306,12 @@ def main(argv=None) -> None:
                              "compile time is reported apart)")
     parser.add_argument("--trl-micro-batch", type=int,
                         help="TRL's per_device_train_batch_size (default: all P·G rows, no accumulation)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a literl config override for every literl variant (repeatable), e.g. "
+                             "trainer.replay_max_gib=0 to compute the update's forward instead of replaying it")
     args = parser.parse_args(argv)
     if args.memory_child:
-        print(json.dumps(memory_child(args.threads)))
+        print(json.dumps(memory_child(args.threads, tuple(args.override))))
         return
     default_steps, default_warmup = (3, 1) if args.sweep else (5, 2)
     args.steps = default_steps if args.steps is None else args.steps
