@@ -68,7 +68,7 @@ class ReplayedProjections(torch.autograd.Function):
         x_MI, *params = ctx.saved_tensors
         weights, biases = params[0::2], params[1::2]
         weight_OI = weights[0] if len(weights) == 1 else torch.cat(weights)
-        grad_x = grad_MO.mm(weight_OI.to(grad_MO.dtype)) if ctx.needs_input_grad[0] else None
+        grad_x = grad_MO.mm(weight_OI) if ctx.needs_input_grad[0] else None
         grad_weight_OI = grad_MO.t().mm(x_MI)
         grads, start = [], 0
         for weight, bias in zip(weights, biases):
@@ -167,7 +167,7 @@ def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor
     if not torch.is_grad_enabled():
         # Values only (an old-log-prob pass): each layer adds its recorded o and down outputs to the residual
         # stream, so nothing but those additions and the final norm is left to compute.
-        for o_MH, down_MH in ((layer[1], layer[3]) for layer in record.layers):
+        for _, o_MH, _, down_MH in record.layers:        # (qkv, o, gate_up, down) per layer
             hidden_MH = hidden_MH + o_MH.index_select(0, record_row_M)
             hidden_MH = hidden_MH + down_MH.index_select(0, record_row_M)
         return apply_norm(decoder.norm, hidden_MH)
