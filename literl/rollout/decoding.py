@@ -71,7 +71,8 @@ class Decoder(Protocol):
         ...
 
     def keep(self, slots_K: torch.Tensor) -> None:
-        """Keep only these slots (in this order); the others are dropped from the batch and the cache."""
+        """Keep only these slots (in this order); the others are dropped from the batch and the cache. Any order
+        is valid; a decoder may be cheapest when most slots keep their position (slots_K[i] == i)."""
         ...
 
 

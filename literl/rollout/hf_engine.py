@@ -22,8 +22,8 @@ from literl.rollout.recording import (RECORD_KEY, RECORD_ROW_KEY, ForwardRecord,
                                      compiled_recording_step, record_bytes, recording_decode_step,
                                      supports_recording)
 from literl.rollout.sampling import gumbel_noise, sample_next_token
-from literl.rollout.static_kv import (StaticKVDecoder, attention_window, compiled_decode_step, fits_attention_window,
-                                     static_decode_step, supports_static_kv)
+from literl.rollout.static_kv import (KVBuffers, StaticKVDecoder, attention_window, compiled_decode_step,
+                                     fits_attention_window, static_decode_step, supports_static_kv)
 
 # Drop finished rows once they are at least this fraction of the live batch, so that the copy of the live
 # rows' cache is paid for by the steps it saves. On the benchmark workload (CPU time per rollout, 1 thread,
@@ -70,6 +70,7 @@ class HFEngine:
         self.record_max_bytes = int(record_max_bytes)
         self._recording_ok: bool | None = None
         self._record_buffers = RecordBuffers()
+        self._kv_buffers = KVBuffers()
         self._recording_step_fn = compiled_recording_step(device_type) if compile else recording_decode_step
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
@@ -141,7 +142,7 @@ class HFEngine:
     def _decoder(self, cache, prepared: DistinctPrompts, T: int, use_static: bool, record) -> Decoder:
         if use_static:
             return StaticKVDecoder(self.model, cache, prepared, T, step_fn=self._step_fn, record=record,
-                                   recording_step_fn=self._recording_step_fn)
+                                   recording_step_fn=self._recording_step_fn, buffers=self._kv_buffers)
         return DynamicCacheDecoder(self.model, cache, prepared)
 
     def _sample_loop(self, decoder: Decoder, logits_BV: torch.Tensor, params: SamplingParams,
@@ -172,7 +173,7 @@ class HFEngine:
                 if n_done == done_R.shape[0]:
                     break
                 if n_done >= max(1.0, COMPACT_FRACTION * done_R.shape[0]):
-                    live_K = torch.nonzero(~done_R).flatten()
+                    live_K = live_slots_in_place(~done_R)
                     decoder.keep(live_K)
                     row_R, token_R, done_R = row_R[live_K], token_R[live_K], done_R[live_K]
             logits_RV = decoder.step(token_R)
@@ -190,6 +191,18 @@ class HFEngine:
         logp_BT = torch.where(mask_BT, logp_BT, torch.zeros_like(logp_BT))
         truncated_B = ~(eos_BT & mask_BT).any(-1)
         return Generation(ids_BT.cpu(), mask_BT.cpu(), logp_BT.cpu(), truncated_B.cpu())
+
+
+def live_slots_in_place(live_R: torch.Tensor) -> torch.Tensor:
+    """The K live slots, ordered for a cheap `Decoder.keep`: a live slot among the first K keeps its position,
+    and the live slots beyond K fill the holes the finished ones leave there, so compacting moves only as many
+    rows as there are holes (dropping 16 scattered rows of 128 moves at most 16, not every row after the first
+    hole). Which slot holds a row does not change its samples: the noise is drawn per batch row."""
+    K = int(live_R.sum())
+    slots_K = torch.arange(K, device=live_R.device)
+    holes = torch.nonzero(~live_R[:K]).flatten()
+    slots_K[holes] = torch.nonzero(live_R[K:]).flatten() + K
+    return slots_K
 
 
 def _device_rng(rng: torch.Generator | None, device: torch.device) -> torch.Generator | None:
