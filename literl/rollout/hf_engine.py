@@ -23,7 +23,7 @@ from literl.rollout.recording import (RECORD_KEY, RECORD_ROW_KEY, ForwardRecord,
                                      compiled_recording_step, record_bytes, recording_decode_step,
                                      supports_recording)
 from literl.rollout.sampling import gumbel_noise, sample_next_token
-from literl.rollout.static_kv import (KVBuffers, StaticKVDecoder, attention_window, compiled_decode_step,
+from literl.rollout.static_kv import (StaticKVDecoder, attention_window, compiled_decode_step,
                                      fits_attention_window, static_decode_step, supports_static_kv)
 
 # Drop finished rows once they are at least this fraction of the live batch (at least one). With drops that
@@ -72,7 +72,6 @@ class HFEngine:
         self.record_max_bytes = int(record_max_bytes)
         self._recording_ok: bool | None = None
         self._record_buffers = RecordBuffers()
-        self._kv_buffers = KVBuffers()
         self._recording_step_fn = compiled_recording_step(device_type) if compile else recording_decode_step
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
@@ -144,7 +143,7 @@ class HFEngine:
     def _decoder(self, cache, prepared: DistinctPrompts, T: int, use_static: bool, record) -> Decoder:
         if use_static:
             return StaticKVDecoder(self.model, cache, prepared, T, step_fn=self._step_fn, record=record,
-                                   recording_step_fn=self._recording_step_fn, buffers=self._kv_buffers)
+                                   recording_step_fn=self._recording_step_fn)
         return DynamicCacheDecoder(self.model, cache, prepared)
 
     def _sample_loop(self, decoder: Decoder, logits_BV: torch.Tensor, params: SamplingParams,

@@ -17,7 +17,6 @@ any other model uses `DynamicCacheDecoder`.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +41,7 @@ class StaticKVDecoder:
     """
 
     def __init__(self, model: torch.nn.Module, cache: DynamicCache, prompts: DistinctPrompts,
-                 max_new_tokens: int, step_fn=None, *, record=None, recording_step_fn=None,
-                 buffers: "KVBuffers | None" = None):
+                 max_new_tokens: int, step_fn=None, *, record=None, recording_step_fn=None):
         self.model = model
         self.step_fn = step_fn or static_decode_step
         P, source_B = prompts.width, prompts.source_B
@@ -53,17 +51,17 @@ class StaticKVDecoder:
         self.prompt_width = P
         # One spare column: a slice of all columns would be a distinct shape for torch.compile (a recompile).
         capacity = P + max_new_tokens
-        first = cache.layers[0].keys
-        shape_RKSD = (source_B.shape[0], first.shape[1], capacity, first.shape[3])
-        tensors = 2 * len(cache.layers)
-        if buffers is None:
-            full = [first.new_empty(shape_RKSD) for _ in range(tensors)]
-        else:
-            full = buffers.lease(tensors, shape_RKSD, first.dtype, first.device)
-        self.keys, self.values = full[0::2], full[1::2]
-        for layer, keys_RKSD, values_RKSD in zip(cache.layers, self.keys, self.values):
-            keys_RKSD[:, :, :P] = layer.keys[source_B]
-            values_RKSD[:, :, :P] = layer.values[source_B]
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        for layer in cache.layers:
+            keys_UKPD, values_UKPD = layer.keys, layer.values
+            R, K, _, D = source_B.shape[0], keys_UKPD.shape[1], keys_UKPD.shape[2], keys_UKPD.shape[3]
+            keys_RKSD = keys_UKPD.new_empty(R, K, capacity, D)
+            values_RKSD = values_UKPD.new_empty(R, K, capacity, D)
+            keys_RKSD[:, :, :P] = keys_UKPD[source_B]
+            values_RKSD[:, :, :P] = values_UKPD[source_B]
+            self.keys.append(keys_RKSD)
+            self.values.append(values_RKSD)
         # Additive attention bias: −inf on left padding; unwritten columns are never read (sliced away).
         dtype = self.keys[0].dtype
         self.bias_RS = torch.zeros(source_B.shape[0], capacity, dtype=dtype, device=source_B.device)
@@ -102,30 +100,6 @@ class StaticKVDecoder:
         self.position_R = self.position_R[slots_K]
         if self.record is not None:
             self.slot_rows_R = self.slot_rows_R[slots_K]
-
-
-class KVBuffers:
-    """Memory for the static KV caches of successive generations, reused from one to the next on CPU.
-
-    Why: a fresh cache of a few tens of MB per rollout is mapped anew by the allocator and page-faults on first
-    touch (benchmark workload: ~10 ms per rollout, 3%). On accelerators the caching allocator already reuses
-    memory, so `lease` allocates there as usual and nothing is held between generations. Caches are exact-shape
-    contiguous views of one flat buffer per tensor, grown when a generation needs more; a lease is valid until
-    the next one (generations on one engine run one at a time).
-    """
-
-    def __init__(self):
-        self._flat: list[torch.Tensor] = []
-
-    def lease(self, count: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-              ) -> list[torch.Tensor]:
-        if device.type != "cpu":
-            return [torch.empty(shape, dtype=dtype, device=device) for _ in range(count)]
-        numel = math.prod(shape)
-        if (len(self._flat) != count or self._flat[0].numel() < numel or self._flat[0].dtype != dtype):
-            self._flat = []     # free the old buffers before allocating the new ones
-            self._flat = [torch.empty(numel, dtype=dtype, device=device) for _ in range(count)]
-        return [flat[:numel].view(shape) for flat in self._flat]
 
 
 def static_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R: torch.Tensor,
