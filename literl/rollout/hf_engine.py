@@ -28,8 +28,8 @@ from literl.rollout.static_kv import (StaticKVDecoder, attention_window, compile
 
 # Drop finished rows once they are at least this fraction of the live batch (at least one). With drops that
 # move only the rows filling the holes, dropping at every check is fastest (benchmark workload, rollout wall
-# time against 0.125: 0 −2% compiled / −7% eager, 1/16 −1% / −2%, 0.25 +3% / +5%); a larger fraction pays only
-# where moving rows is dear.
+# time against 0.125: 0 −2% compiled / −6% eager, 1/16 −1% / −1%, 0.25 +3% / +5%; within the noise of a full
+# RL step, docs/speed.md); a larger fraction pays only where moving rows is dear.
 COMPACT_FRACTION = 0.0
 ACCELERATOR_SYNC_EVERY = 8
 
