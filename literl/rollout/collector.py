@@ -155,8 +155,7 @@ class Collector:
         problem_index = [i for i in chosen for _ in range(self.G)]
         prompt_ids = [self.prompt_ids(i) for i in problem_index]
         start = time.perf_counter()
-        generation = (self.engine.generate(prompt_ids, self.sampling, rng=rng, record_forward=True)
-                      if self.record_forward else self.engine.generate(prompt_ids, self.sampling, rng=rng))
+        generation = self.engine.generate(prompt_ids, self.sampling, rng=rng, record_forward=self.record_forward)
         generated = time.perf_counter()
         responses = [self.decode(ids[m].tolist()) for ids, m in zip(generation.response_ids_BT, generation.mask_BT)]
         examples = [self.problems[i] for i in problem_index]

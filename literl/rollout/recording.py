@@ -31,12 +31,11 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from literl.compiled import compile_for_varying_sizes
 from literl.rollout.decoding import distinct_prompts, prefill
-from literl.rollout.static_kv import StaticKVDecoder, has_supported_structure, rotate
+from literl.rollout.static_kv import StaticKVDecoder, attend_projected, has_supported_structure
 
 # Keys under which a recording generation puts the record and its row index in its extras (literl.batch).
 RECORD_KEY = "rollout_forward"
@@ -212,20 +211,12 @@ def recording_decode_step(model: torch.nn.Module, token_R: torch.Tensor, positio
     for layer, keys_RKSD, values_RKSD, (w_qkv, b_qkv, w_gate_up, b_gate_up), (qkv_RF, o_RH, gate_up_RF, down_RH) in zip(
             body.layers, keys, values, weights, records):
         attn, mlp = layer.self_attn, layer.mlp
-        D, kv_heads = attn.head_dim, keys_RKSD.shape[1]
         _linear_into(layer.input_layernorm(hidden_RH), w_qkv, b_qkv, qkv_RF)
         q_size, kv_size = attn.q_proj.out_features, attn.k_proj.out_features
-        query_RQD, key_RKD, value_RKD = (x.reshape(R, -1, D) for x in qkv_RF.split([q_size, kv_size, kv_size], -1))
-        if getattr(attn, "q_norm", None) is not None:
-            query_RQD = attn.q_norm(query_RQD)
-        if getattr(attn, "k_norm", None) is not None:
-            key_RKD = attn.k_norm(key_RKD)
-        query_RQD = rotate(query_RQD, cos_R1D, sin_R1D)
-        keys_RKSD.narrow(2, column, 1).copy_(rotate(key_RKD, cos_R1D, sin_R1D)[:, :, None])
-        values_RKSD.narrow(2, column, 1).copy_(value_RKD[:, :, None])
-        out_RKGD = F.scaled_dot_product_attention(query_RQD.view(R, kv_heads, -1, D), keys_RKSD[:, :, :column + 1],
-                                                  values_RKSD[:, :, :column + 1], attn_mask=bias_R11S,
-                                                  scale=attn.scaling)
+        query_RQD, key_RKD, value_RKD = (x.reshape(R, -1, attn.head_dim)
+                                         for x in qkv_RF.split([q_size, kv_size, kv_size], -1))
+        out_RKGD = attend_projected(attn, query_RQD, key_RKD, value_RKD, cos_R1D, sin_R1D, keys_RKSD, values_RKSD,
+                                    bias_R11S, column)
         hidden_RH = hidden_RH + _linear_into(out_RKGD.reshape(R, -1), attn.o_proj.weight, attn.o_proj.bias, o_RH)
         _linear_into(layer.post_attention_layernorm(hidden_RH), w_gate_up, b_gate_up, gate_up_RF)
         gate_RF, up_RF = gate_up_RF.chunk(2, dim=-1)

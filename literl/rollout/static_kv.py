@@ -132,9 +132,18 @@ def _attend(attn, x_R1H, cos_R1D, sin_R1D, keys_RKSD, values_RKSD, bias_R11S, co
     R, D = x_R1H.shape[0], attn.head_dim
     # One token per row: the model's [R, 1, heads, D] and [R, heads, 1, D] are the same memory as [R, heads, D],
     # so the transposes of the full forward are not needed.
-    query_RQD = attn.q_proj(x_R1H).view(R, -1, D)
-    key_RKD = attn.k_proj(x_R1H).view(R, -1, D)
-    value_RKD = attn.v_proj(x_R1H).view(R, -1, D)
+    out_RKGD = attend_projected(attn, attn.q_proj(x_R1H).view(R, -1, D), attn.k_proj(x_R1H).view(R, -1, D),
+                                attn.v_proj(x_R1H).view(R, -1, D), cos_R1D, sin_R1D, keys_RKSD, values_RKSD,
+                                bias_R11S, column)
+    return attn.o_proj(out_RKGD.reshape(R, 1, -1))
+
+
+def attend_projected(attn, query_RQD: torch.Tensor, key_RKD: torch.Tensor, value_RKD: torch.Tensor,
+                     cos_R1D: torch.Tensor, sin_R1D: torch.Tensor, keys_RKSD: torch.Tensor, values_RKSD: torch.Tensor,
+                     bias_R11S: torch.Tensor, column: int) -> torch.Tensor:
+    """One decode step's attention from its projected q/k/v: per-head norms and rotary, the new key and value
+    written at cache column `column`, then attention over columns 0..column; returns out_RKGD."""
+    R, D = query_RQD.shape[0], query_RQD.shape[-1]
     if getattr(attn, "q_norm", None) is not None:
         query_RQD = attn.q_norm(query_RQD)
     if getattr(attn, "k_norm", None) is not None:
@@ -142,13 +151,10 @@ def _attend(attn, x_R1H, cos_R1D, sin_R1D, keys_RKSD, values_RKSD, bias_R11S, co
     query_RQD = rotate(query_RQD, cos_R1D, sin_R1D)
     keys_RKSD.narrow(2, column, 1).copy_(rotate(key_RKD, cos_R1D, sin_R1D)[:, :, None])
     values_RKSD.narrow(2, column, 1).copy_(value_RKD[:, :, None])
-    kv_heads = keys_RKSD.shape[1]
     # Grouped-query attention without repeating K/V: the query heads sharing a KV head become its G "queries".
-    query_RKGD = query_RQD.view(R, kv_heads, -1, D)
-    out_RKGD = F.scaled_dot_product_attention(query_RKGD, keys_RKSD[:, :, :column + 1],
-                                              values_RKSD[:, :, :column + 1], attn_mask=bias_R11S,
-                                              scale=attn.scaling)
-    return attn.o_proj(out_RKGD.reshape(R, 1, -1))
+    query_RKGD = query_RQD.view(R, keys_RKSD.shape[1], -1, D)
+    return F.scaled_dot_product_attention(query_RKGD, keys_RKSD[:, :, :column + 1], values_RKSD[:, :, :column + 1],
+                                          attn_mask=bias_R11S, scale=attn.scaling)
 
 
 def rotate(x_RHD: torch.Tensor, cos_R1D: torch.Tensor, sin_R1D: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from literl.compiled import compile_for_varying_sizes
 from literl.rollout.recording import RECORD_KEY, RECORD_ROW_KEY, ForwardRecord
 from literl.rollout.static_kv import rotate
-from literl.training.shared_prompts import apply_norm, attention_bias, gather_distinct_rows
+from literl.training.shared_prompts import apply_norm, attention_bias, gather_distinct_rows, per_head
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,8 @@ def replayed_layer(layer: torch.nn.Module, hidden_MH: torch.Tensor, qkv_MF: torc
                           attn.v_proj)
     query_MF, key_MF, value_MF = qkv_MF.split(
         [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features], dim=-1)
-    query_MQD = rotate(_per_head(query_MF, D, getattr(attn, "q_norm", None)), cos_M1D, sin_M1D)
-    key_MKD = rotate(_per_head(key_MF, D, getattr(attn, "k_norm", None)), cos_M1D, sin_M1D)
+    query_MQD = rotate(per_head(query_MF, D, getattr(attn, "q_norm", None)), cos_M1D, sin_M1D)
+    key_MKD = rotate(per_head(key_MF, D, getattr(attn, "k_norm", None)), cos_M1D, sin_M1D)
     value_MKD = value_MF.unflatten(-1, (-1, D))
     query, key, value = (_padded(x, slot_M, rows, width) for x in (query_MQD, key_MKD, value_MKD))
     out_RQWD = F.scaled_dot_product_attention(query, torch.cat([prefix_keys, key], dim=2),
@@ -116,11 +116,6 @@ def replayed_layer(layer: torch.nn.Module, hidden_MH: torch.Tensor, qkv_MF: torc
                               mlp.up_proj)
     gate_MF, up_MF = gate_up_MF.chunk(2, dim=-1)
     return hidden_MH + _projections(mlp.act_fn(gate_MF) * up_MF, down_MH, mlp.down_proj)
-
-
-def _per_head(x_MF: torch.Tensor, head_dim: int, norm) -> torch.Tensor:
-    x_MHD = x_MF.unflatten(-1, (-1, head_dim))
-    return x_MHD if norm is None else apply_norm(norm, x_MHD)
 
 
 def _padded(x_MHD: torch.Tensor, slot_M: torch.Tensor, rows: int, width: int) -> torch.Tensor:

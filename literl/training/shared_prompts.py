@@ -204,8 +204,13 @@ def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv, *,
 
 def _heads(x_RWF: torch.Tensor, head_dim: int, norm) -> torch.Tensor:
     """[R, W, heads·D] → [R, heads, W, D], with the per-head norm (Qwen3's q_norm / k_norm) when there is one."""
-    x_RWHD = x_RWF.unflatten(-1, (-1, head_dim))
-    return (x_RWHD if norm is None else apply_norm(norm, x_RWHD)).transpose(1, 2)
+    return per_head(x_RWF, head_dim, norm).transpose(1, 2)
+
+
+def per_head(x_NF: torch.Tensor, head_dim: int, norm) -> torch.Tensor:
+    """[..., heads·D] → [..., heads, D], with the per-head norm applied when there is one."""
+    x_NHD = x_NF.unflatten(-1, (-1, head_dim))
+    return x_NHD if norm is None else apply_norm(norm, x_NHD)
 
 
 def apply_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
