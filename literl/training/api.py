@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import torch
 
 from literl.config import Config
-from literl.config_loader import load_config, validate
+from literl.config_loader import load_config
+from literl.config_rules import validate
 
 
 def train(config: Config | None = None, *, model: torch.nn.Module | str | None = None, tokenizer=None,

@@ -1,0 +1,118 @@
+"""Which config values and tricks work together: `validate` checks every trick against its registry and every
+cross-key rule in one place. Compatibility rules about trick names live here and nowhere else outside the
+registries (style.md §3.5); `literl.config_loader.load_config` calls `validate` on every config it builds.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from literl.config import Config
+from literl.registry import ConfigError
+
+# Algorithm fields that hold one trick, and the registry each one is checked against.
+SINGLE_TRICKS = {"advantage": "advantage", "policy_loss": "policy_loss", "aggregation": "aggregation",
+                 "is_correction": "is_correction", "kl": "kl", "group_filter": "group_filter"}
+MULTI_TRICKS = {"loss_masks": "loss_mask", "reward_shaping": "reward_shaping"}
+CHOICES = {
+    "model.dtype": ("float32", "bfloat16"),
+    "rollout.dtype": ("float32", "bfloat16"),
+    "rollout.decode": ("auto", "static", "dynamic"),
+    "optim.schedule": ("constant", "linear", "cosine"),
+    "trainer.recompute_old_logp": ("auto", "always"),
+    "trainer.device": ("auto", "cpu", "cuda"),
+    "data.template": ("auto", "plain", "chat", "raw"),
+    "data.difficulty": ("easy", "medium", "hard", "mixed"),
+    "model.testbed": ("base", "aligned", "micro"),
+    "algorithm.aggregation_normaliser": ("global", "local"),
+}
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def validate(cfg: Config) -> None:
+    """Every rule about which values and tricks work together, in one function."""
+    from literl.tricks import ALL
+
+    algo = cfg.algorithm
+    for field_name, axis in SINGLE_TRICKS.items():
+        spec = getattr(algo, field_name)
+        ALL[axis].check(spec.name, spec.params, where=f"algorithm.{field_name}")
+    for field_name, axis in MULTI_TRICKS.items():
+        for name, params in getattr(algo, field_name).items():
+            ALL[axis].check(name, params or {}, where=f"algorithm.{field_name}.{name}")
+    for key, valid in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        _check(value in valid, f"{key}={value!r} is not one of: {', '.join(valid)}")
+
+    r, t, o, ev = cfg.rollout, cfg.trainer, cfg.optim, cfg.eval
+    _check(r.prompts_per_step >= 1 and r.group_size >= 1, "rollout.prompts_per_step and rollout.group_size must be >= 1")
+    _check(r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+    # Sampling settings are otherwise checked only when the first rollout starts, after the model has loaded.
+    _check(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 (the log-probs are divided by it); "
+                              "use a small value such as 0.1 for near-greedy sampling")
+    _check(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
+    _check(r.top_k >= 0, f"rollout.top_k={r.top_k} must be >= 0; 0 disables top-k sampling")
+    _check(ev.temperature is None or ev.temperature > 0,
+           f"eval.temperature={ev.temperature} must be > 0, or null for rollout.temperature; greedy accuracy "
+           "is reported separately by eval.greedy=true")
+    _check(ev.max_new_tokens is None or ev.max_new_tokens >= 1,
+           f"eval.max_new_tokens={ev.max_new_tokens} must be >= 1, or null for rollout.max_new_tokens")
+    _check(ev.limit is None or ev.limit >= 1, f"eval.limit={ev.limit} must be >= 1, or null for every problem")
+    _check(ev.every >= 0, f"eval.every={ev.every} must be >= 0 (0: evaluate only before and after training)")
+    _check(cfg.data.limit is None or cfg.data.limit >= 1,
+           f"data.limit={cfg.data.limit} must be >= 1, or null to train on every problem")
+    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+           f"optim.betas={list(o.betas)} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.999]")
+    _check(o.lr is None or o.lr > 0, f"optim.lr={o.lr} must be > 0, or null for the model's default")
+    _check(o.eps > 0, f"optim.eps={o.eps} must be > 0")
+    _check(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0")
+    _check(o.max_grad_norm >= 0, f"optim.max_grad_norm={o.max_grad_norm} must be >= 0 (0 disables clipping)")
+    _check(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0")
+    _check(algo.kl_coef >= 0, f"algorithm.kl_coef={algo.kl_coef} must be >= 0 (0 disables the KL term)")
+    _check(algo.entropy_coef >= 0, f"algorithm.entropy_coef={algo.entropy_coef} must be >= 0 (0 disables the "
+                                   "entropy bonus)")
+    _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1, or null for all cores")
+    _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0: save only at the end and on "
+                              "Ctrl-C)")
+    _check(t.keep_checkpoints >= 0, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 0 (0: keep all)")
+    _check(t.log_samples >= 0, f"trainer.log_samples={t.log_samples} must be >= 0")
+    _check(r.max_rounds >= 1, "rollout.max_rounds must be >= 1 (1 = no resampling)")
+    _check(t.steps >= 0, "trainer.steps must be >= 0")
+    _check(1 <= t.minibatches <= r.prompts_per_step,
+           f"trainer.minibatches={t.minibatches} must be between 1 and rollout.prompts_per_step={r.prompts_per_step} "
+           "(mini-batches hold whole groups)")
+    _check(t.micro_batch_tokens >= 1, "trainer.micro_batch_tokens must be >= 1")
+    _check(t.replay_max_gib >= 0, f"trainer.replay_max_gib={t.replay_max_gib} must be >= 0 (0 turns replay off)")
+    _check(ev.samples >= 1, "eval.samples must be >= 1")
+    _check(cfg.reward.timeout_s > 0, "reward.timeout_s must be > 0")
+    _check(len(cfg.reward.fns) >= 1, "reward.fns needs at least one function (the first decides accuracy)")
+    for fn in cfg.reward.fns:
+        _check(":" in fn.fn, f"reward fn '{fn.fn}' must be an import path 'package.module:function'")
+    for tracker in t.trackers:
+        _check(tracker in ("tensorboard", "wandb"), f"trainer.trackers: unknown tracker '{tracker}' "
+                                                     "(valid: tensorboard, wandb)")
+
+    # Combinations that silently do the wrong thing in other frameworks.
+    _check(not (algo.policy_loss.name == "minirl" and algo.is_correction.name != "none"),
+           "algorithm.policy_loss=minirl already weights tokens by π_θ/μ_old (with its own TIS); set "
+           "algorithm.is_correction.name=none, or use minirl's params (tis_cap, train_infer_is)")
+    _check(not (algo.bypass_mode and algo.is_correction.name != "none"),
+           "algorithm.bypass_mode uses the rollout log-probs as old_logp, so the ratio already covers the "
+           "training–inference gap and an IS correction would always be 1; set algorithm.is_correction.name=none")
+    if algo.policy_loss.name in ("gspo", "gspo_token") and algo.aggregation.name != "seq_mean_token_mean":
+        warnings.warn(f"{algo.policy_loss.name} is defined with seq_mean_token_mean aggregation "
+                      f"(algorithms.md §2.5); {algo.aggregation.name} weights each sequence by its length")
+    if algo.group_filter.name != "keep_all" and r.max_rounds == 1:
+        warnings.warn("a group filter with rollout.max_rounds=1 drops groups without refilling the batch; "
+                      "set rollout.max_rounds>1 to resample (DAPO dynamic sampling)")
+    if algo.kl_in_reward and algo.kl_coef == 0:
+        warnings.warn("algorithm.kl_in_reward=true has no effect while algorithm.kl_coef=0")
+
+    from literl.objective import Objective  # noqa: PLC0415 - the objective imports this module's users
+
+    Objective.from_config(cfg).self_check()
