@@ -13,6 +13,9 @@ What is kept, per layer and fed response token (one row per token a decode step 
     [ o ]           the output projection's output (what the layer adds to the residual stream)
     [ gate | up ]   the MLP's input projections
     [ down ]        the MLP's output projection (the layer's second residual add)
+    [ attention ]   on CPU: the attention's output (o_proj's input), one D-vector per query head,
+    [ lse ]         and its log-sum-exp per query head, which the CPU flash kernel's backward takes: the update
+                    then runs the attention's backward only (`replay.RecordedAttention`), not its forward again
 
 The residual stream itself is not kept: it is the embedding plus these outputs, recomputed exactly. The buffers
 are reused from one rollout to the next (allocating hundreds of MB per step costs page faults), so a record is
@@ -52,28 +55,45 @@ class RecordLayout:
     kv: int         # k_proj (= v_proj) out_features
     hidden: int     # o_proj / down_proj out_features
     ffn: int        # gate_proj (= up_proj) out_features
+    heads: int      # query heads whose attention output and log-sum-exp are kept; 0: the attention is not kept
 
     @property
-    def widths(self) -> tuple[int, int, int, int]:
-        """(qkv, o, gate_up, down)."""
-        return self.q + 2 * self.kv, self.hidden, 2 * self.ffn, self.hidden
+    def widths(self) -> tuple[int, ...]:
+        """(qkv, o, gate_up, down), then (attention, lse) when the attention is kept."""
+        kept = (self.q, self.heads) if self.heads else ()
+        return self.q + 2 * self.kv, self.hidden, 2 * self.ffn, self.hidden, *kept
+
+    def dtypes(self, dtype: torch.dtype) -> tuple[torch.dtype, ...]:
+        """Each buffer's dtype: the model's, but fp32 for the log-sum-exp (the flash kernel keeps it in fp32
+        whatever the inputs' dtype, and its backward takes it so)."""
+        return tuple(torch.float32 if self.heads and i == 5 else dtype for i in range(len(self.widths)))
 
     @staticmethod
     def of(model: torch.nn.Module) -> "RecordLayout":
         layer = model.get_decoder().layers[0]
         attn, mlp = layer.self_attn, layer.mlp
+        device = next(model.parameters()).device
         return RecordLayout(q=attn.q_proj.out_features, kv=attn.k_proj.out_features,
-                            hidden=attn.o_proj.out_features, ffn=mlp.gate_proj.out_features)
+                            hidden=attn.o_proj.out_features, ffn=mlp.gate_proj.out_features,
+                            heads=attn.q_proj.out_features // attn.head_dim if keeps_attention(device) else 0)
+
+
+def keeps_attention(device: torch.device) -> bool:
+    """Whether a record on this device keeps the attention's output and log-sum-exp: on CPU, whose flash-attention
+    kernel returns the log-sum-exp and whose backward takes it. Elsewhere the update recomputes the attention."""
+    return device.type == "cpu"
 
 
 def record_bytes(model: torch.nn.Module, rows: int) -> int:
-    """Memory a record of `rows` fed tokens takes (every layer, in the model's dtype)."""
-    element = next(model.parameters()).element_size()
-    return rows * sum(RecordLayout.of(model).widths) * len(model.get_decoder().layers) * element
+    """Memory a record of `rows` fed tokens takes (every layer)."""
+    layout = RecordLayout.of(model)
+    dtypes = layout.dtypes(next(model.parameters()).dtype)
+    per_token = sum(width * dtype.itemsize for width, dtype in zip(layout.widths, dtypes))
+    return rows * per_token * len(model.get_decoder().layers)
 
 
 class RecordBuffers:
-    """Per layer, one [capacity, width] buffer per recorded output (qkv, o, gate_up, down), reused by
+    """Per layer, one [capacity, width] buffer per recorded output (`RecordLayout.widths`), reused by
     successive records; the latest record owns them. One contiguous buffer per output lets a decode step's
     matmul write its rows in place (no copy)."""
 
@@ -83,16 +103,16 @@ class RecordBuffers:
 
     def lease(self, record: "ForwardRecord", model: torch.nn.Module, rows: int, device: torch.device
               ) -> list[tuple[torch.Tensor, ...]]:
-        widths, n_layers = RecordLayout.of(model).widths, len(model.get_decoder().layers)
-        dtype = next(model.parameters()).dtype
+        layout, n_layers = RecordLayout.of(model), len(model.get_decoder().layers)
+        widths, dtypes = layout.widths, layout.dtypes(next(model.parameters()).dtype)
         current = self.layers[0] if self.layers else None
         if (current is None or len(self.layers) != n_layers or current[0].shape[0] < rows
                 or tuple(b.shape[1] for b in current) != widths or current[0].device != device
-                or current[0].dtype != dtype):
+                or tuple(b.dtype for b in current) != dtypes):
             self.layers = []    # free the old buffers before allocating the new ones
             # Outside inference mode: the update reads them with autograd on.
             with torch.inference_mode(False):
-                self.layers = [tuple(torch.empty(rows, w, device=device, dtype=dtype) for w in widths)
+                self.layers = [tuple(torch.empty(rows, w, device=device, dtype=d) for w, d in zip(widths, dtypes))
                                for _ in range(n_layers)]
         self.owner = weakref.ref(record)
         return self.layers
@@ -101,7 +121,8 @@ class RecordBuffers:
 class ForwardRecord:
     """What one generate call's decode steps computed, for `literl.training.replay`.
 
-    layers[l]      layer l's (qkv, o, gate_up, down) buffers; row i holds what fed token i produced, i < rows
+    layers[l]      layer l's (qkv, o, gate_up, down[, attention, lse]) buffers (`RecordLayout`); row i holds
+                   what fed token i produced, i < rows
     row_BT         long [B, T]: the record row of the decode step that fed response token t of row b (its
                    output predicts token t + 1); −1 where no step fed it (the last token, padding)
     weights        the decode step's fused projection weights (`fused_weights`), made once per generation
@@ -135,7 +156,7 @@ class ForwardRecord:
 
     def add_step(self, slot_rows_R: torch.Tensor, token_index: int) -> list[tuple[torch.Tensor, ...]]:
         """Reserve record rows for a decode step feeding response token `token_index` of these batch rows;
-        returns each layer's (qkv, o, gate_up, down) rows for the step to write."""
+        returns each layer's rows (qkv, o, gate_up, down[, attention, lse]) for the step to write."""
         start, R = self.rows, slot_rows_R.shape[0]
         self.row_BT[slot_rows_R, token_index] = torch.arange(start, start + R, device=slot_rows_R.device)
         self.rows += R
@@ -202,13 +223,14 @@ def recording_decode_step(model: torch.nn.Module, token_R: torch.Tensor, positio
                           weights: list[tuple[torch.Tensor, ...]], records: list[tuple[torch.Tensor, ...]]
                           ) -> torch.Tensor:
     """`static_kv.static_decode_step` whose matmuls write their outputs into the record rows of its slots
-    (records[l] = layer l's (qkv, o, gate_up, down) rows, `ForwardRecord.add_step`); returns logits_RV."""
+    (records[l] = layer l's (qkv, o, gate_up, down[, attention, lse]) rows, `ForwardRecord.add_step`), the
+    attention's output and log-sum-exp among them where the layout keeps them; returns logits_RV."""
     body = model.get_decoder()
     R = token_R.shape[0]
     hidden_RH = body.embed_tokens(token_R)
     cos_R1D, sin_R1D = body.rotary_emb(hidden_RH[:, None], position_R[:, None])
     bias_R11S = bias_RS[:, None, None, :column + 1]
-    for layer, keys_RKSD, values_RKSD, (w_qkv, b_qkv, w_gate_up, b_gate_up), (qkv_RF, o_RH, gate_up_RF, down_RH) in zip(
+    for layer, keys_RKSD, values_RKSD, (w_qkv, b_qkv, w_gate_up, b_gate_up), (qkv_RF, o_RH, gate_up_RF, down_RH, *kept) in zip(
             body.layers, keys, values, weights, records):
         attn, mlp = layer.self_attn, layer.mlp
         _linear_into(layer.input_layernorm(hidden_RH), w_qkv, b_qkv, qkv_RF)
@@ -216,8 +238,10 @@ def recording_decode_step(model: torch.nn.Module, token_R: torch.Tensor, positio
         query_RQD, key_RKD, value_RKD = (x.reshape(R, -1, attn.head_dim)
                                          for x in qkv_RF.split([q_size, kv_size, kv_size], -1))
         out_RKGD = attend_projected(attn, query_RQD, key_RKD, value_RKD, cos_R1D, sin_R1D, keys_RKSD, values_RKSD,
-                                    bias_R11S, column)
-        hidden_RH = hidden_RH + _linear_into(out_RKGD.reshape(R, -1), attn.o_proj.weight, attn.o_proj.bias, o_RH)
+                                    bias_R11S, column, keep=kept or None)
+        # The kept output is o_proj's input, already in rows (the kernel's own output is head-major).
+        attended_RF = kept[0] if kept else out_RKGD.reshape(R, -1)
+        hidden_RH = hidden_RH + _linear_into(attended_RF, attn.o_proj.weight, attn.o_proj.bias, o_RH)
         _linear_into(layer.post_attention_layernorm(hidden_RH), w_gate_up, b_gate_up, gate_up_RF)
         gate_RF, up_RF = gate_up_RF.chunk(2, dim=-1)
         hidden_RH = hidden_RH + _linear_into(mlp.act_fn(gate_RF) * up_RF, mlp.down_proj.weight, mlp.down_proj.bias,

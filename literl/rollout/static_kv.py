@@ -140,9 +140,14 @@ def _attend(attn, x_R1H, cos_R1D, sin_R1D, keys_RKSD, values_RKSD, bias_R11S, co
 
 def attend_projected(attn, query_RQD: torch.Tensor, key_RKD: torch.Tensor, value_RKD: torch.Tensor,
                      cos_R1D: torch.Tensor, sin_R1D: torch.Tensor, keys_RKSD: torch.Tensor, values_RKSD: torch.Tensor,
-                     bias_R11S: torch.Tensor, column: int) -> torch.Tensor:
+                     bias_R11S: torch.Tensor, column: int,
+                     keep: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """One decode step's attention from its projected q/k/v: per-head norms and rotary, the new key and value
-    written at cache column `column`, then attention over columns 0..column; returns out_RKGD."""
+    written at cache column `column`, then attention over columns 0..column; returns out_RKGD.
+
+    `keep=(out_RF, lse_RQ)` (CPU only: a record's rows, `recording.keeps_attention`) also writes the output, one
+    row per token, and the log-sum-exp per query head: the CPU flash kernel, which SDPA runs here anyway, gives
+    both."""
     R, D = query_RQD.shape[0], query_RQD.shape[-1]
     if getattr(attn, "q_norm", None) is not None:
         query_RQD = attn.q_norm(query_RQD)
@@ -153,8 +158,16 @@ def attend_projected(attn, query_RQD: torch.Tensor, key_RKD: torch.Tensor, value
     values_RKSD.narrow(2, column, 1).copy_(value_RKD[:, :, None])
     # Grouped-query attention without repeating K/V: the query heads sharing a KV head become its G "queries".
     query_RKGD = query_RQD.view(R, keys_RKSD.shape[1], -1, D)
-    return F.scaled_dot_product_attention(query_RKGD, keys_RKSD[:, :, :column + 1], values_RKSD[:, :, :column + 1],
-                                          attn_mask=bias_R11S, scale=attn.scaling)
+    if keep is None:
+        return F.scaled_dot_product_attention(query_RKGD, keys_RKSD[:, :, :column + 1],
+                                              values_RKSD[:, :, :column + 1], attn_mask=bias_R11S, scale=attn.scaling)
+    out_RKGD, lse_RKG = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query_RKGD, keys_RKSD[:, :, :column + 1], values_RKSD[:, :, :column + 1], 0.0, False, attn_mask=bias_R11S,
+        scale=attn.scaling)
+    # Query head h = k·G + g, as in the update's [R, heads, W, D] layout.
+    keep[0].copy_(out_RKGD.reshape(R, -1))
+    keep[1].copy_(lse_RKG.reshape(R, -1))
+    return out_RKGD
 
 
 def rotate(x_RHD: torch.Tensor, cos_R1D: torch.Tensor, sin_R1D: torch.Tensor) -> torch.Tensor:

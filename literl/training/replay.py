@@ -7,9 +7,11 @@ the recorded output, and their backward is the usual one,
 
     y = x·Wᵀ + b      ∂L/∂x = g·W      ∂L/∂W = gᵀ·x      ∂L/∂b = Σ_tokens g
 
-which needs the input x (norms, rotary, attention and SiLU·up are cheap and recomputed from the recorded
-outputs) but never the product x·Wᵀ itself. A response token then costs 4N matmul FLOPs in the update instead
-of 6N. The residual stream is the embedding plus the recorded outputs, so the hidden states, and hence the
+which needs the input x (norms, rotary and SiLU·up are cheap and recomputed from the recorded outputs) but never
+the product x·Wᵀ itself. A response token then costs 4N matmul FLOPs in the update instead of 6N. Where the
+record also keeps the attention's output and log-sum-exp (CPU, `recording.keeps_attention`), the attention's
+forward is not run again either: `RecordedAttention` returns the recorded output and runs only the flash
+kernel's backward, from the recomputed q/k/v and the recorded output and log-sum-exp. The residual stream is the embedding plus the recorded outputs, so the hidden states, and hence the
 log-probs, are the rollout's own (the decode computed them); gradients equal the plain path's within float
 rounding (tests/training/test_replay.py).
 
@@ -84,18 +86,18 @@ def _projections(x_MI: torch.Tensor, y_MO: torch.Tensor, *linears: torch.nn.Line
     return ReplayedProjections.apply(x_MI, y_MO, *params)
 
 
-def replayed_layer(layer: torch.nn.Module, hidden_MH: torch.Tensor, qkv_MF: torch.Tensor, o_MH: torch.Tensor,
-                   gate_up_MF: torch.Tensor, down_MH: torch.Tensor, cos_MD: torch.Tensor, sin_MD: torch.Tensor,
-                   prefix_keys: torch.Tensor, prefix_values: torch.Tensor, slot_M: torch.Tensor, rows: int,
-                   width: int, bias_R1WS: torch.Tensor) -> torch.Tensor:
-    """One decoder layer on m packed response tokens, given what the rollout recorded for them (its q/k/v, o,
-    gate/up and down projection outputs), attending to their prompt's keys and values and to the earlier tokens
-    of their row.
+def replayed_layer(layer: torch.nn.Module, hidden_MH: torch.Tensor, recorded: list[torch.Tensor],
+                   cos_MD: torch.Tensor, sin_MD: torch.Tensor, prefix_keys: torch.Tensor, prefix_values: torch.Tensor,
+                   slot_M: torch.Tensor, rows: int, width: int, bias_R1WS: torch.Tensor) -> torch.Tensor:
+    """One decoder layer on m packed response tokens, given what the rollout recorded for them (`recorded`: its
+    q/k/v, o, gate/up and down projection outputs, and where kept the attention's output and log-sum-exp),
+    attending to their prompt's keys and values and to the earlier tokens of their row.
 
     Attention runs on the padded [rows, heads, width, D] layout (`slot_M` = row·width + column of each token,
     `bias_R1WS` the additive attention mask over prompt + response keys); everything else on the packed tokens,
     so no projection's backward computes on padding.
     """
+    qkv_MF, o_MH, gate_up_MF, down_MH, *kept = recorded
     attn, mlp = layer.self_attn, layer.mlp
     D = attn.head_dim
     cos_M1D, sin_M1D = cos_MD[:, None], sin_MD[:, None]
@@ -107,10 +109,13 @@ def replayed_layer(layer: torch.nn.Module, hidden_MH: torch.Tensor, qkv_MF: torc
     key_MKD = rotate(per_head(key_MF, D, getattr(attn, "k_norm", None)), cos_M1D, sin_M1D)
     value_MKD = value_MF.unflatten(-1, (-1, D))
     query, key, value = (_padded(x, slot_M, rows, width) for x in (query_MQD, key_MKD, value_MKD))
-    out_RQWD = F.scaled_dot_product_attention(query, torch.cat([prefix_keys, key], dim=2),
-                                              torch.cat([prefix_values, value], dim=2),
-                                              attn_mask=bias_R1WS, scale=attn.scaling, enable_gqa=True)
-    attended_MF = gather_distinct_rows(out_RQWD.transpose(1, 2).flatten(0, 1).flatten(1), slot_M)
+    keys, values = torch.cat([prefix_keys, key], dim=2), torch.cat([prefix_values, value], dim=2)
+    if kept:
+        attended_MF = RecordedAttention.apply(query, keys, values, *kept, slot_M, bias_R1WS, attn.scaling)
+    else:
+        out_RQWD = F.scaled_dot_product_attention(query, keys, values, attn_mask=bias_R1WS, scale=attn.scaling,
+                                                  enable_gqa=True)
+        attended_MF = gather_distinct_rows(out_RQWD.transpose(1, 2).flatten(0, 1).flatten(1), slot_M)
     hidden_MH = hidden_MH + _projections(attended_MF, o_MH, attn.o_proj)
     gate_up_MF = _projections(apply_norm(layer.post_attention_layernorm, hidden_MH), gate_up_MF, mlp.gate_proj,
                               mlp.up_proj)
@@ -118,10 +123,40 @@ def replayed_layer(layer: torch.nn.Module, hidden_MH: torch.Tensor, qkv_MF: torc
     return hidden_MH + _projections(mlp.act_fn(gate_MF) * up_MF, down_MH, mlp.down_proj)
 
 
-def _padded(x_MHD: torch.Tensor, slot_M: torch.Tensor, rows: int, width: int) -> torch.Tensor:
-    """Packed [m, heads, D] → padded [rows, heads, width, D] (zeros where no token)."""
-    padded = x_MHD.new_zeros(rows * width, *x_MHD.shape[1:]).index_copy(0, slot_M, x_MHD)
+def _padded(x_MHD: torch.Tensor, slot_M: torch.Tensor, rows: int, width: int, fill: float = 0.0) -> torch.Tensor:
+    """Packed [m, heads, D] → padded [rows, heads, width, D] (`fill` where no token); [m, heads] → [rows, heads,
+    width]."""
+    padded = x_MHD.new_full((rows * width, *x_MHD.shape[1:]), fill).index_copy(0, slot_M, x_MHD)
     return padded.unflatten(0, (rows, width)).transpose(1, 2)
+
+
+class RecordedAttention(torch.autograd.Function):
+    """Attention of packed tokens whose output out_MF and log-sum-exp lse_MQ (per query head) the rollout
+    recorded: forward returns out_MF; backward is the CPU flash kernel's backward on the padded layout,
+
+        P = exp(s − lse),  s = scale · q·kᵀ + bias      ∂v = Pᵀ·g      ∂s = P ⊙ (g·vᵀ − rowsum(g ⊙ out))
+        ∂q = scale · ∂s·k      ∂k = scale · ∂sᵀ·q
+
+    which needs out and lse but not the forward itself. Padded query positions get lse = +∞ (P = 0 there) and a
+    zero gradient, so they contribute nothing."""
+
+    @staticmethod
+    def forward(ctx, query_RQWD, keys_RKSD, values_RKSD, out_MF, lse_MQ, slot_M, bias_R1WS, scale):
+        ctx.save_for_backward(query_RQWD, keys_RKSD, values_RKSD, out_MF, lse_MQ, slot_M, bias_R1WS)
+        ctx.scale = scale
+        return out_MF.view_as(out_MF)
+
+    @staticmethod
+    def backward(ctx, grad_MF):
+        query_RQWD, keys_RKSD, values_RKSD, out_MF, lse_MQ, slot_M, bias_R1WS = ctx.saved_tensors
+        R, Q, W, D = query_RQWD.shape
+        out_RQWD = _padded(out_MF.view(-1, Q, D), slot_M, R, W)
+        grad_RQWD = _padded(grad_MF.reshape(-1, Q, D), slot_M, R, W)
+        lse_RQW = _padded(lse_MQ, slot_M, R, W, fill=float("inf")).contiguous()
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_RQWD, query_RQWD, keys_RKSD, values_RKSD, out_RQWD, lse_RQW, 0.0, False, attn_mask=bias_R1WS,
+            scale=ctx.scale)
+        return (*grads, None, None, None, None, None)
 
 
 def replayed_layers(decoder, hidden_MH: torch.Tensor, record_layers: list[tuple[torch.Tensor, ...]],
@@ -131,7 +166,7 @@ def replayed_layers(decoder, hidden_MH: torch.Tensor, record_layers: list[tuple[
     """Every layer (`replayed_layer`) and the final norm on m packed tokens whose record rows are record_row_M."""
     for layer, (prefix_keys, prefix_values), buffers in zip(decoder.layers, prefix_kv, record_layers):
         recorded = [buffer.index_select(0, record_row_M) for buffer in buffers]
-        hidden_MH = replayed_layer(layer, hidden_MH, *recorded, cos_MD, sin_MD, prefix_keys, prefix_values, slot_M,
+        hidden_MH = replayed_layer(layer, hidden_MH, recorded, cos_MD, sin_MD, prefix_keys, prefix_values, slot_M,
                                    rows, width, bias_R1WS)
     return apply_norm(decoder.norm, hidden_MH)
 
@@ -162,7 +197,7 @@ def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor
     if not torch.is_grad_enabled():
         # Values only (an old-log-prob pass): each layer adds its recorded o and down outputs to the residual
         # stream, so nothing but those additions and the final norm is left to compute.
-        for _, o_MH, _, down_MH in record.layers:        # (qkv, o, gate_up, down) per layer
+        for _, o_MH, _, down_MH, *_ in record.layers:        # (qkv, o, gate_up, down, ...) per layer
             hidden_MH = hidden_MH + o_MH.index_select(0, record_row_M)
             hidden_MH = hidden_MH + down_MH.index_select(0, record_row_M)
         return apply_norm(decoder.norm, hidden_MH)

@@ -29,7 +29,8 @@ def _tiny_qwen2(seed=0):
 
 
 def _projection_outputs(model, ids_1L):
-    """Per layer, the (qkv, o, gate_up, down) outputs of a plain forward at every position, via hooks."""
+    """Per layer, the (qkv, o, gate_up, down) outputs of a plain forward at every position, then the attention's
+    output (o_proj's input), via hooks."""
     captured: dict[tuple[int, str], torch.Tensor] = {}
     handles = []
     names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -39,6 +40,8 @@ def _projection_outputs(model, ids_1L):
         for name, module in modules.items():
             handles.append(module.register_forward_hook(
                 lambda mod, args, out, key=(index, name): captured.__setitem__(key, out[0].detach())))
+        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(
+            lambda mod, args, key=(index, "attention"): captured.__setitem__(key, args[0][0].detach())))
     try:
         with torch.no_grad():
             model(input_ids=ids_1L)
@@ -47,21 +50,22 @@ def _projection_outputs(model, ids_1L):
             handle.remove()
     return [(torch.cat([captured[(i, "q_proj")], captured[(i, "k_proj")], captured[(i, "v_proj")]], -1),
              captured[(i, "o_proj")], torch.cat([captured[(i, "gate_proj")], captured[(i, "up_proj")]], -1),
-             captured[(i, "down_proj")]) for i in range(len(model.get_decoder().layers))]
+             captured[(i, "down_proj")], captured[(i, "attention")]) for i in range(len(model.get_decoder().layers))]
 
 
 @pytest.mark.parametrize("build", [lambda: build_tiny_qwen3(seed=2), lambda: _tiny_qwen2(seed=2)],
                          ids=["qwen3", "qwen2-biases"])
 def test_record_holds_each_fed_tokens_projection_outputs(build):
     """Prompts of different lengths, responses ending early (rows dropped from the batch mid-rollout): the record
-    row of response token t of row b holds every layer's projection outputs at that position, as the model's
-    own forward computes them."""
+    row of response token t of row b holds every layer's projection outputs at that position, and (on CPU) the
+    attention's output, as the model's own forward computes them."""
     model = build().eval()
     prompts = _prompts(seed=4) * 3
     engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
     gen = engine.generate(prompts, SamplingParams(max_new_tokens=20), rng=torch.Generator().manual_seed(0),
                           record_forward=True)
     record, row_BT = gen.extras[RECORD_KEY], gen.extras[RECORD_ROW_KEY]
+    assert len(record.layers[0]) == 6, "on CPU the record keeps the attention's output and log-sum-exp"
     lengths = gen.mask_BT.sum(-1)
     assert int(lengths.min()) < 20 <= int(lengths.max()), "the batch must shrink while some rows run to the end"
     for b, prompt in enumerate(prompts):
