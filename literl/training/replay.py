@@ -159,13 +159,12 @@ class RecordedAttention(torch.autograd.Function):
         return (*grads, None, None, None, None, None)
 
 
-def replayed_layers(decoder, hidden_MH: torch.Tensor, record_layers: list[tuple[torch.Tensor, ...]],
-                    record_row_M: torch.Tensor, cos_MD: torch.Tensor, sin_MD: torch.Tensor,
-                    prefix_kv: list[tuple[torch.Tensor, torch.Tensor]], slot_M: torch.Tensor, rows: int, width: int,
-                    bias_R1WS: torch.Tensor) -> torch.Tensor:
-    """Every layer (`replayed_layer`) and the final norm on m packed tokens whose record rows are record_row_M."""
-    for layer, (prefix_keys, prefix_values), buffers in zip(decoder.layers, prefix_kv, record_layers):
-        recorded = [buffer.index_select(0, record_row_M) for buffer in buffers]
+def replayed_layers(decoder, hidden_MH: torch.Tensor, recorded_layers: list[list[torch.Tensor]],
+                    cos_MD: torch.Tensor, sin_MD: torch.Tensor, prefix_kv: list[tuple[torch.Tensor, torch.Tensor]],
+                    slot_M: torch.Tensor, rows: int, width: int, bias_R1WS: torch.Tensor) -> torch.Tensor:
+    """Every layer (`replayed_layer`) and the final norm on m packed tokens; recorded_layers[l] holds layer l's
+    recorded outputs, one row per token."""
+    for layer, (prefix_keys, prefix_values), recorded in zip(decoder.layers, prefix_kv, recorded_layers):
         hidden_MH = replayed_layer(layer, hidden_MH, recorded, cos_MD, sin_MD, prefix_keys, prefix_values, slot_M,
                                    rows, width, bias_R1WS)
     return apply_norm(decoder.norm, hidden_MH)
@@ -173,35 +172,51 @@ def replayed_layers(decoder, hidden_MH: torch.Tensor, record_layers: list[tuple[
 
 @functools.cache
 def compiled_replayed_layers():
-    """`replayed_layers` through `torch.compile` (once per process; one graph for every bucket: inductor fuses
-    the record gathers into the kernels that read them, and element-wise work across layer boundaries); a
-    bucket with one row, one token, a width of one or a one-token prompt runs eagerly."""
+    """`replayed_layers` through `torch.compile` (once per process; one graph for every bucket, with element-wise
+    work fused across layer boundaries); a bucket with one row, one token, a width of one or a one-token prompt
+    runs eagerly."""
     return compile_for_varying_sizes(
-        replayed_layers, eager_when=lambda decoder, hidden_MH, record_layers, record_row_M, cos, sin, prefix_kv,
-        slot_M, rows, width, bias: min(hidden_MH.shape[0], prefix_kv[0][0].shape[2], rows, width) < 2)
+        replayed_layers, eager_when=lambda decoder, hidden_MH, recorded_layers, cos, sin, prefix_kv, slot_M, rows,
+        width, bias: min(hidden_MH.shape[0], prefix_kv[0][0].shape[2], rows, width) < 2)
+
+
+def recorded_rows(record: ForwardRecord, record_row_M: torch.Tensor) -> list[list[torch.Tensor]]:
+    """Each layer's recorded outputs at these record rows (ascending): slices of the record itself when they are
+    consecutive, else gathered copies."""
+    M, first = record_row_M.shape[0], int(record_row_M[0])
+    if int(record_row_M[-1]) - first + 1 == M:
+        return [[buffer.narrow(0, first, M) for buffer in layer] for layer in record.layers]
+    return [[buffer.index_select(0, record_row_M) for buffer in layer] for layer in record.layers]
 
 
 def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor, prompt_real_RP: torch.Tensor,
                        prefix_kv: list[tuple[torch.Tensor, torch.Tensor]], fed_RW: torch.Tensor,
                        record_row_RW: torch.Tensor, record: ForwardRecord, *, compiled: bool = False
-                       ) -> torch.Tensor:
-    """hidden_MH (final norm applied) of the fed response tokens of a bucket of rows, in the row-major order of
-    fed_RW's True entries (the tokens a decode step consumed, a prefix of each row), from the record."""
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hidden_MH, row_M, column_M): the hidden states (final norm applied) of the fed response tokens of a bucket
+    of rows (fed_RW's True entries: the tokens a decode step consumed, a prefix of each row), token i at
+    (row_M[i], column_M[i]), from the record.
+
+    Tokens run in the order of their record rows. When they are exactly a run of consecutive record rows (the
+    update of a whole rollout batch in one bucket) each layer reads slices of the record itself, not gathered
+    copies: ~6% less update time on the benchmark workload (compiled) than row-major order and by-length buckets.
+    """
     R, W = ids_RW.shape
     row_M, column_M = fed_RW.nonzero(as_tuple=True)
-    slot_M = row_M * W + column_M
-    record_row_M = record_row_RW[row_M, column_M]
+    record_row_M, by_record_M = torch.sort(record_row_RW[row_M, column_M])
     if bool((record_row_M < 0).any()):
         raise ValueError("a fed response token has no record row: the record does not cover this batch")
+    row_M, column_M = row_M[by_record_M], column_M[by_record_M]
+    recorded_layers = recorded_rows(record, record_row_M)
     hidden_MH = decoder.embed_tokens(ids_RW[row_M, column_M])
     if not torch.is_grad_enabled():
         # Values only (an old-log-prob pass): each layer adds its recorded o and down outputs to the residual
         # stream, so nothing but those additions and the final norm is left to compute.
-        for _, o_MH, _, down_MH, *_ in record.layers:        # (qkv, o, gate_up, down, ...) per layer
-            hidden_MH = hidden_MH + o_MH.index_select(0, record_row_M)
-            hidden_MH = hidden_MH + down_MH.index_select(0, record_row_M)
-        return apply_norm(decoder.norm, hidden_MH)
+        for _, o_MH, _, down_MH, *_ in recorded_layers:        # (qkv, o, gate_up, down, ...) per layer
+            hidden_MH = hidden_MH + o_MH + down_MH
+        return apply_norm(decoder.norm, hidden_MH), row_M, column_M
     cos_MD, sin_MD = (x[0] for x in decoder.rotary_emb(hidden_MH[None], positions_RW[row_M, column_M][None]))
     run = compiled_replayed_layers() if compiled else replayed_layers
-    return run(decoder, hidden_MH, record.layers, record_row_M, cos_MD, sin_MD, prefix_kv, slot_M, R, W,
-               attention_bias(prompt_real_RP, W, hidden_MH.dtype))
+    hidden_MH = run(decoder, hidden_MH, recorded_layers, cos_MD, sin_MD, prefix_kv, row_M * W + column_M, R, W,
+                    attention_bias(prompt_real_RP, W, hidden_MH.dtype))
+    return hidden_MH, row_M, column_M

@@ -91,10 +91,11 @@ def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_
                 row_M, col_M = valid_RW.nonzero(as_tuple=True)
                 parts.append(hidden_RWH[row_M, col_M])
             else:
-                parts.append(replayed_responses(decoder, ids_RW, positions_RW, prompts.real_UP[source_R], prefix_kv,
-                                                valid_RW, replay.row_BT[rows_R, :width].to(device), replay.record,
-                                                compiled=compiled))
-            order.append(flat_index_BT[rows_R, 1:width + 1][valid_RW])
+                hidden_MH, row_M, col_M = replayed_responses(
+                    decoder, ids_RW, positions_RW, prompts.real_UP[source_R], prefix_kv, valid_RW,
+                    replay.row_BT[rows_R, :width].to(device), replay.record, compiled=compiled)
+                parts.append(hidden_MH)
+            order.append(flat_index_BT[rows_R[row_M], col_M + 1])
     hidden_MH, order_M = torch.cat(parts), torch.cat(order)
     return gather_distinct_rows(hidden_MH, torch.argsort(order_M))
 

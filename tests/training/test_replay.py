@@ -11,6 +11,7 @@ from literl.rollout.generator import SamplingParams
 from literl.rollout.hf_engine import HFEngine
 from literl.rollout.recording import RECORD_KEY
 from literl.training import replay
+from literl.training import logprobs
 from literl.training.logprobs import token_logprobs
 from tests.conftest import build_tiny_qwen3
 from tests.rollout.test_engine import MANY_EOS, PAD, _prompts
@@ -51,19 +52,42 @@ def _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras, temp
     return logp, ent, _loss_grads(model, logp, ent, mask_BT)
 
 
+def _spy_recorded_rows(monkeypatch) -> list[bool]:
+    """Per call of `replay.recorded_rows`: whether it handed out the record's own memory (slices)."""
+    in_place = []
+    original = replay.recorded_rows
+
+    def spy(record, record_row_M):
+        layers = original(record, record_row_M)
+        in_place.append(all(got.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+                            for got_layer, layer in zip(layers, record.layers) for got, buffer in zip(got_layer, layer)))
+        return layers
+
+    monkeypatch.setattr(replay, "recorded_rows", spy)
+    return in_place
+
+
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one-pass", "by-length"])
 @pytest.mark.parametrize("build", [lambda: build_tiny_qwen3(seed=6), lambda: _tiny_qwen2(seed=6)],
                          ids=["qwen3", "qwen2-biases"])
-def test_replay_gives_the_plain_paths_values_and_grads(monkeypatch, build):
+def test_replay_gives_the_plain_paths_values_and_grads(monkeypatch, build, one_pass):
     """Groups of three prompt lengths, responses of every length down to one token (no fed token), rows dropped
-    from the rollout's batch as they finish."""
+    from the rollout's batch as they finish; the whole batch in one pass (reading the record in place), or in
+    by-length groups of rows (gathering their record rows)."""
     model = build()
     tokens_BL, prompt_len_B, T, mask_BT, extras = _rollout(model, _prompts(seed=2) * 2)
     lengths = mask_BT.sum(-1)
     assert int(lengths.min()) <= 2 and int(lengths.max()) == T
     plain = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, None)
-    calls = _spy(monkeypatch)
+    calls, in_place = _spy(monkeypatch), _spy_recorded_rows(monkeypatch)
+    if not one_pass:
+        monkeypatch.setattr(logprobs, "REPLAY_ONE_PASS_TOKENS", 0)
+        monkeypatch.setattr(logprobs, "CPU_FORWARD_TOKENS", 24)
     replayed = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras)
-    assert calls, "the replay path must run"
+    if one_pass:
+        assert in_place == [True], "the whole batch's tokens are consecutive record rows, read in place"
+    else:
+        assert len(calls) >= 2 and not all(in_place), "groups of rows gather their (scattered) record rows"
     torch.testing.assert_close(replayed[0][mask_BT], plain[0][mask_BT], rtol=0, atol=1e-5)
     torch.testing.assert_close(replayed[1][mask_BT], plain[1][mask_BT], rtol=0, atol=1e-5)
     assert (replayed[0][~mask_BT] == 0).all()
