@@ -11,9 +11,9 @@ which needs the input x (norms, rotary and SiLU·up are cheap and recomputed fro
 the product x·Wᵀ itself. A response token then costs 4N matmul FLOPs in the update instead of 6N. Where the
 record also keeps the attention's output and log-sum-exp (CPU, `recording.keeps_attention`), the attention's
 forward is not run again either: `RecordedAttention` returns the recorded output and runs only the flash
-kernel's backward, from the recomputed q/k/v and the recorded output and log-sum-exp. The residual stream is the embedding plus the recorded outputs, so the hidden states, and hence the
-log-probs, are the rollout's own (the decode computed them); gradients equal the plain path's within float
-rounding (tests/training/test_replay.py).
+kernel's backward, from the recomputed q/k/v and the recorded output and log-sum-exp. The residual stream is
+the embedding plus the recorded outputs, so the hidden states, and hence the log-probs, are the rollout's own
+(the decode computed them); gradients equal the plain path's within float rounding (tests/training/test_replay.py).
 
 Prompts run as in `literl.training.shared_prompts` (each distinct prompt once, with autograd), and response
 tokens attend to their prompt's keys and values as there. Without autograd (an old-log-prob pass before the
@@ -180,13 +180,13 @@ def compiled_replayed_layers():
         width, bias: min(hidden_MH.shape[0], prefix_kv[0][0].shape[2], rows, width) < 2)
 
 
-def recorded_rows(record: ForwardRecord, record_row_M: torch.Tensor) -> list[list[torch.Tensor]]:
-    """Each layer's recorded outputs at these record rows (ascending): slices of the record itself when they are
+def recorded_rows(layers: list[tuple[torch.Tensor, ...]], record_row_M: torch.Tensor) -> list[list[torch.Tensor]]:
+    """Each layer's record buffers at these record rows (ascending): slices of the record itself when they are
     consecutive, else gathered copies."""
     M, first = record_row_M.shape[0], int(record_row_M[0])
     if int(record_row_M[-1]) - first + 1 == M:
-        return [[buffer.narrow(0, first, M) for buffer in layer] for layer in record.layers]
-    return [[buffer.index_select(0, record_row_M) for buffer in layer] for layer in record.layers]
+        return [[buffer.narrow(0, first, M) for buffer in layer] for layer in layers]
+    return [[buffer.index_select(0, record_row_M) for buffer in layer] for layer in layers]
 
 
 def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor, prompt_real_RP: torch.Tensor,
@@ -207,14 +207,15 @@ def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor
     if bool((record_row_M < 0).any()):
         raise ValueError("a fed response token has no record row: the record does not cover this batch")
     row_M, column_M = row_M[by_record_M], column_M[by_record_M]
-    recorded_layers = recorded_rows(record, record_row_M)
     hidden_MH = decoder.embed_tokens(ids_RW[row_M, column_M])
     if not torch.is_grad_enabled():
         # Values only (an old-log-prob pass): each layer adds its recorded o and down outputs to the residual
         # stream, so nothing but those additions and the final norm is left to compute.
-        for _, o_MH, _, down_MH, *_ in recorded_layers:        # (qkv, o, gate_up, down, ...) per layer
+        residual_adds = [(layer[1], layer[3]) for layer in record.layers]    # (qkv, o, gate_up, down, ...)
+        for o_MH, down_MH in recorded_rows(residual_adds, record_row_M):
             hidden_MH = hidden_MH + o_MH + down_MH
         return apply_norm(decoder.norm, hidden_MH), row_M, column_M
+    recorded_layers = recorded_rows(record.layers, record_row_M)
     cos_MD, sin_MD = (x[0] for x in decoder.rotary_emb(hidden_MH[None], positions_RW[row_M, column_M][None]))
     run = compiled_replayed_layers() if compiled else replayed_layers
     hidden_MH = run(decoder, hidden_MH, recorded_layers, cos_MD, sin_MD, prefix_kv, row_M * W + column_M, R, W,

@@ -57,11 +57,11 @@ def _spy_recorded_rows(monkeypatch) -> list[bool]:
     in_place = []
     original = replay.recorded_rows
 
-    def spy(record, record_row_M):
-        layers = original(record, record_row_M)
+    def spy(layers, record_row_M):
+        rows = original(layers, record_row_M)
         in_place.append(all(got.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
-                            for got_layer, layer in zip(layers, record.layers) for got, buffer in zip(got_layer, layer)))
-        return layers
+                            for got_layer, layer in zip(rows, layers) for got, buffer in zip(got_layer, layer)))
+        return rows
 
     monkeypatch.setattr(replay, "recorded_rows", spy)
     return in_place
