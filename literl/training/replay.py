@@ -159,12 +159,15 @@ class RecordedAttention(torch.autograd.Function):
         return (*grads, None, None, None, None, None)
 
 
-def replayed_layers(decoder, hidden_MH: torch.Tensor, recorded_layers: list[list[torch.Tensor]],
-                    cos_MD: torch.Tensor, sin_MD: torch.Tensor, prefix_kv: list[tuple[torch.Tensor, torch.Tensor]],
-                    slot_M: torch.Tensor, rows: int, width: int, bias_R1WS: torch.Tensor) -> torch.Tensor:
-    """Every layer (`replayed_layer`) and the final norm on m packed tokens; recorded_layers[l] holds layer l's
-    recorded outputs, one row per token."""
-    for layer, (prefix_keys, prefix_values), recorded in zip(decoder.layers, prefix_kv, recorded_layers):
+def replayed_layers(decoder, hidden_MH: torch.Tensor, record_layers: list[tuple[torch.Tensor, ...]],
+                    record_row_M: torch.Tensor | None, cos_MD: torch.Tensor, sin_MD: torch.Tensor,
+                    prefix_kv: list[tuple[torch.Tensor, torch.Tensor]], slot_M: torch.Tensor, rows: int, width: int,
+                    bias_R1WS: torch.Tensor) -> torch.Tensor:
+    """Every layer (`replayed_layer`) and the final norm on m packed tokens: their recorded outputs are
+    record_layers[l]'s rows record_row_M, or, with record_row_M None, those buffers as they are (slices of the
+    record). A layer gathers its rows when it runs, so that only what its backward needs outlives it."""
+    for layer, (prefix_keys, prefix_values), buffers in zip(decoder.layers, prefix_kv, record_layers):
+        recorded = list(buffers) if record_row_M is None else [b.index_select(0, record_row_M) for b in buffers]
         hidden_MH = replayed_layer(layer, hidden_MH, recorded, cos_MD, sin_MD, prefix_keys, prefix_values, slot_M,
                                    rows, width, bias_R1WS)
     return apply_norm(decoder.norm, hidden_MH)
@@ -176,17 +179,18 @@ def compiled_replayed_layers():
     work fused across layer boundaries); a bucket with one row, one token, a width of one or a one-token prompt
     runs eagerly."""
     return compile_for_varying_sizes(
-        replayed_layers, eager_when=lambda decoder, hidden_MH, recorded_layers, cos, sin, prefix_kv, slot_M, rows,
-        width, bias: min(hidden_MH.shape[0], prefix_kv[0][0].shape[2], rows, width) < 2)
+        replayed_layers, eager_when=lambda decoder, hidden_MH, record_layers, record_row_M, cos, sin, prefix_kv,
+        slot_M, rows, width, bias: min(hidden_MH.shape[0], prefix_kv[0][0].shape[2], rows, width) < 2)
 
 
-def recorded_rows(layers: list[tuple[torch.Tensor, ...]], record_row_M: torch.Tensor) -> list[list[torch.Tensor]]:
-    """Each layer's record buffers at these record rows (ascending): slices of the record itself when they are
-    consecutive, else gathered copies."""
+def record_slices(layers: list[tuple[torch.Tensor, ...]], record_row_M: torch.Tensor
+                  ) -> list[list[torch.Tensor]] | None:
+    """Each layer's record buffers at these record rows (ascending) as slices of the record itself when the rows
+    are consecutive; None when they are not (they must be gathered)."""
     M, first = record_row_M.shape[0], int(record_row_M[0])
-    if int(record_row_M[-1]) - first + 1 == M:
-        return [[buffer.narrow(0, first, M) for buffer in layer] for layer in layers]
-    return [[buffer.index_select(0, record_row_M) for buffer in layer] for layer in layers]
+    if int(record_row_M[-1]) - first + 1 != M:
+        return None
+    return [[buffer.narrow(0, first, M) for buffer in layer] for layer in layers]
 
 
 def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor, prompt_real_RP: torch.Tensor,
@@ -212,12 +216,13 @@ def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor
         # Values only (an old-log-prob pass): each layer adds its recorded o and down outputs to the residual
         # stream, so nothing but those additions and the final norm is left to compute.
         residual_adds = [(layer[1], layer[3]) for layer in record.layers]    # (qkv, o, gate_up, down, ...)
-        for o_MH, down_MH in recorded_rows(residual_adds, record_row_M):
+        slices = record_slices(residual_adds, record_row_M)
+        for o_MH, down_MH in slices or ([b.index_select(0, record_row_M) for b in l] for l in residual_adds):
             hidden_MH = hidden_MH + o_MH + down_MH
         return apply_norm(decoder.norm, hidden_MH), row_M, column_M
-    recorded_layers = recorded_rows(record.layers, record_row_M)
+    slices = record_slices(record.layers, record_row_M)
     cos_MD, sin_MD = (x[0] for x in decoder.rotary_emb(hidden_MH[None], positions_RW[row_M, column_M][None]))
     run = compiled_replayed_layers() if compiled else replayed_layers
-    hidden_MH = run(decoder, hidden_MH, recorded_layers, cos_MD, sin_MD, prefix_kv, row_M * W + column_M, R, W,
-                    attention_bias(prompt_real_RP, W, hidden_MH.dtype))
+    hidden_MH = run(decoder, hidden_MH, slices or record.layers, None if slices else record_row_M, cos_MD, sin_MD,
+                    prefix_kv, row_M * W + column_M, R, W, attention_bias(prompt_real_RP, W, hidden_MH.dtype))
     return hidden_MH, row_M, column_M

@@ -52,18 +52,19 @@ def _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras, temp
     return logp, ent, _loss_grads(model, logp, ent, mask_BT)
 
 
-def _spy_recorded_rows(monkeypatch) -> list[bool]:
-    """Per call of `replay.recorded_rows`: whether it handed out the record's own memory (slices)."""
+def _spy_record_slices(monkeypatch) -> list[bool]:
+    """Per call of `replay.record_slices`: whether the record could be read in place (slices of its memory)."""
     in_place = []
-    original = replay.recorded_rows
+    original = replay.record_slices
 
     def spy(layers, record_row_M):
-        rows = original(layers, record_row_M)
-        in_place.append(all(got.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
-                            for got_layer, layer in zip(rows, layers) for got, buffer in zip(got_layer, layer)))
-        return rows
+        slices = original(layers, record_row_M)
+        in_place.append(slices is not None and all(
+            got.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+            for got_layer, layer in zip(slices, layers) for got, buffer in zip(got_layer, layer)))
+        return slices
 
-    monkeypatch.setattr(replay, "recorded_rows", spy)
+    monkeypatch.setattr(replay, "record_slices", spy)
     return in_place
 
 
@@ -79,7 +80,7 @@ def test_replay_gives_the_plain_paths_values_and_grads(monkeypatch, build, one_p
     lengths = mask_BT.sum(-1)
     assert int(lengths.min()) <= 2 and int(lengths.max()) == T
     plain = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, None)
-    calls, in_place = _spy(monkeypatch), _spy_recorded_rows(monkeypatch)
+    calls, in_place = _spy(monkeypatch), _spy_record_slices(monkeypatch)
     if not one_pass:
         monkeypatch.setattr(logprobs, "REPLAY_ONE_PASS_TOKENS", 0)
         monkeypatch.setattr(logprobs, "CPU_FORWARD_TOKENS", 24)
