@@ -66,7 +66,8 @@ class RecordLayout:
     def dtypes(self, dtype: torch.dtype) -> tuple[torch.dtype, ...]:
         """Each buffer's dtype: the model's, but fp32 for the log-sum-exp (the flash kernel keeps it in fp32
         whatever the inputs' dtype, and its backward takes it so)."""
-        return tuple(torch.float32 if self.heads and i == 5 else dtype for i in range(len(self.widths)))
+        kept = (dtype, torch.float32) if self.heads else ()
+        return dtype, dtype, dtype, dtype, *kept
 
     @staticmethod
     def of(model: torch.nn.Module) -> "RecordLayout":
@@ -230,8 +231,9 @@ def recording_decode_step(model: torch.nn.Module, token_R: torch.Tensor, positio
     hidden_RH = body.embed_tokens(token_R)
     cos_R1D, sin_R1D = body.rotary_emb(hidden_RH[:, None], position_R[:, None])
     bias_R11S = bias_RS[:, None, None, :column + 1]
-    for layer, keys_RKSD, values_RKSD, (w_qkv, b_qkv, w_gate_up, b_gate_up), (qkv_RF, o_RH, gate_up_RF, down_RH, *kept) in zip(
+    for layer, keys_RKSD, values_RKSD, (w_qkv, b_qkv, w_gate_up, b_gate_up), rows in zip(
             body.layers, keys, values, weights, records):
+        qkv_RF, o_RH, gate_up_RF, down_RH, *kept = rows      # kept: (attention, lse) where the layout keeps them
         attn, mlp = layer.self_attn, layer.mlp
         _linear_into(layer.input_layernorm(hidden_RH), w_qkv, b_qkv, qkv_RF)
         q_size, kv_size = attn.q_proj.out_features, attn.k_proj.out_features
