@@ -64,9 +64,9 @@ class RecordLayout:
         return self.q + 2 * self.kv, self.hidden, 2 * self.ffn, self.hidden, *kept
 
     def dtypes(self, dtype: torch.dtype) -> tuple[torch.dtype, ...]:
-        """Each buffer's dtype: the model's, but fp32 for the log-sum-exp (the flash kernel keeps it in fp32
-        whatever the inputs' dtype, and its backward takes it so)."""
-        kept = (dtype, torch.float32) if self.heads else ()
+        """Each buffer's dtype: the model's, but at least fp32 for the log-sum-exp (the flash kernel keeps it in
+        fp32 for half-precision inputs, in fp64 for fp64 ones, and its backward takes it so)."""
+        kept = (dtype, torch.promote_types(dtype, torch.float32)) if self.heads else ()
         return dtype, dtype, dtype, dtype, *kept
 
     @staticmethod

@@ -181,3 +181,18 @@ def test_a_bfloat16_policy_replays_in_its_own_dtype(monkeypatch):
     for name, grad in replayed[2].items():
         scale = float(plain[2][name].float().abs().max()) + 1e-3
         assert float((grad.float() - plain[2][name].float()).abs().max()) <= 0.1 * scale, name
+
+
+def test_a_float64_policy_replays_in_its_own_dtype(monkeypatch):
+    """The CPU flash kernel keeps a float64 model's log-sum-exp in float64 (a half-precision one's in float32): the
+    record keeps it so, and the replayed update matches the computed one."""
+    model = build_tiny_qwen3(seed=11).to(torch.float64)
+    tokens_BL, prompt_len_B, T, mask_BT, extras = _rollout(model, _prompts(seed=7) * 2, seed=7)
+    assert [buffer.dtype for buffer in extras[RECORD_KEY].layers[0]] == [torch.float64] * 6
+    plain = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, None)
+    calls = _spy(monkeypatch)
+    replayed = _logprobs_and_grads(model, tokens_BL, prompt_len_B, T, mask_BT, extras)
+    assert calls
+    torch.testing.assert_close(replayed[0][mask_BT], plain[0][mask_BT], rtol=0, atol=1e-9)
+    for name, grad in replayed[2].items():
+        torch.testing.assert_close(grad, plain[2][name], rtol=0, atol=1e-9, msg=name)
