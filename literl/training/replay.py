@@ -167,9 +167,8 @@ def replayed_layers(decoder, hidden_MH: torch.Tensor, record_layers: list[tuple[
     record_layers[l]'s rows record_row_M, or, with record_row_M None, those buffers as they are (slices of the
     record). A layer gathers its rows when it runs, so that only what its backward needs outlives it."""
     for layer, (prefix_keys, prefix_values), buffers in zip(decoder.layers, prefix_kv, record_layers):
-        recorded = list(buffers) if record_row_M is None else [b.index_select(0, record_row_M) for b in buffers]
-        hidden_MH = replayed_layer(layer, hidden_MH, recorded, cos_MD, sin_MD, prefix_keys, prefix_values, slot_M,
-                                   rows, width, bias_R1WS)
+        hidden_MH = replayed_layer(layer, hidden_MH, layer_rows(buffers, record_row_M), cos_MD, sin_MD, prefix_keys,
+                                   prefix_values, slot_M, rows, width, bias_R1WS)
     return apply_norm(decoder.norm, hidden_MH)
 
 
@@ -184,13 +183,20 @@ def compiled_replayed_layers():
 
 
 def record_slices(layers: list[tuple[torch.Tensor, ...]], record_row_M: torch.Tensor
-                  ) -> list[list[torch.Tensor]] | None:
-    """Each layer's record buffers at these record rows (ascending) as slices of the record itself when the rows
-    are consecutive; None when they are not (they must be gathered)."""
+                  ) -> tuple[list[tuple[torch.Tensor, ...]], torch.Tensor | None]:
+    """(layers, rows) for `layer_rows`: when these record rows (ascending) are consecutive, each layer's buffers
+    sliced to them (slices of the record itself) and rows None; else the buffers as they are and the rows to
+    gather."""
     M, first = record_row_M.shape[0], int(record_row_M[0])
     if int(record_row_M[-1]) - first + 1 != M:
-        return None
-    return [[buffer.narrow(0, first, M) for buffer in layer] for layer in layers]
+        return layers, record_row_M
+    return [tuple(buffer.narrow(0, first, M) for buffer in layer) for layer in layers], None
+
+
+def layer_rows(buffers: tuple[torch.Tensor, ...], record_row_M: torch.Tensor | None) -> list[torch.Tensor]:
+    """One layer's recorded outputs for the tokens: its buffers' rows record_row_M, or the buffers themselves when
+    record_row_M is None (already sliced to the tokens, `record_slices`)."""
+    return list(buffers) if record_row_M is None else [buffer.index_select(0, record_row_M) for buffer in buffers]
 
 
 def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor, prompt_real_RP: torch.Tensor,
@@ -216,14 +222,14 @@ def replayed_responses(decoder, ids_RW: torch.Tensor, positions_RW: torch.Tensor
     if not torch.is_grad_enabled():
         # Values only (an old-log-prob pass): each layer adds its recorded o and down outputs to the residual
         # stream, so nothing but those additions and the final norm is left to compute.
-        residual_adds = [(layer[1], layer[3]) for layer in record.layers]    # (qkv, o, gate_up, down, ...)
-        slices = record_slices(residual_adds, record_row_M)
-        for o_MH, down_MH in slices or ([b.index_select(0, record_row_M) for b in pair] for pair in residual_adds):
+        residual_adds, rows = record_slices([(layer[1], layer[3]) for layer in record.layers], record_row_M)
+        for pair in residual_adds:      # each layer's (o, down) of its (qkv, o, gate_up, down, ...)
+            o_MH, down_MH = layer_rows(pair, rows)
             hidden_MH = hidden_MH + o_MH + down_MH
         return apply_norm(decoder.norm, hidden_MH), row_M, column_M
-    slices = record_slices(record.layers, record_row_M)
+    record_layers, rows = record_slices(record.layers, record_row_M)
     cos_MD, sin_MD = (x[0] for x in decoder.rotary_emb(hidden_MH[None], positions_RW[row_M, column_M][None]))
     run = compiled_replayed_layers() if compiled else replayed_layers
-    hidden_MH = run(decoder, hidden_MH, slices or record.layers, None if slices else record_row_M, cos_MD, sin_MD,
-                    prefix_kv, row_M * W + column_M, R, W, attention_bias(prompt_real_RP, W, hidden_MH.dtype))
+    hidden_MH = run(decoder, hidden_MH, record_layers, rows, cos_MD, sin_MD, prefix_kv, row_M * W + column_M, R, W,
+                    attention_bias(prompt_real_RP, W, hidden_MH.dtype))
     return hidden_MH, row_M, column_M

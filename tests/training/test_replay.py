@@ -58,11 +58,11 @@ def _spy_record_slices(monkeypatch) -> list[bool]:
     original = replay.record_slices
 
     def spy(layers, record_row_M):
-        slices = original(layers, record_row_M)
-        in_place.append(slices is not None and all(
+        sliced, rows = original(layers, record_row_M)
+        in_place.append(rows is None and all(
             got.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
-            for got_layer, layer in zip(slices, layers) for got, buffer in zip(got_layer, layer)))
-        return slices
+            for got_layer, layer in zip(sliced, layers) for got, buffer in zip(got_layer, layer)))
+        return sliced, rows
 
     monkeypatch.setattr(replay, "record_slices", spy)
     return in_place
