@@ -20,6 +20,7 @@ from literl.config import Config
 from literl.config_loader import from_yaml_file, resolve, to_yaml
 from literl.data.files import write_json_atomic, write_text_atomic
 from literl.diagnostics.mechanisms import MechanismDiagnostics
+from literl.host_memory import retain_freed_host_memory
 from literl.objective import Objective
 from literl.rollout.collector import Collector, PromptStream
 from literl.rollout.generator import SamplingParams
@@ -76,6 +77,8 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
         torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)
     device = _device(cfg.trainer.device)
+    if cfg.trainer.retain_host_memory and device.type == "cpu":
+        retain_freed_host_memory()
     run_dir = _check_run_dir(cfg, console)
 
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
