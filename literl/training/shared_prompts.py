@@ -61,9 +61,11 @@ def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_
     if runs_layer_by_layer(model):
         run_responses = functools.partial(
             _layer_by_layer, apply_layer=compiled_decoder_layer() if compiled else decoder_layer)
+        run_prompts = functools.partial(
+            _prompts_layer_by_layer, apply_layer=compiled_prompt_layer() if compiled else prompt_layer)
     else:
-        run_responses = _with_cache
-    prompt_hidden_UPH, prompt_kv = _run_prompts(decoder, prompts)
+        run_responses, run_prompts = _with_cache, _run_prompts
+    prompt_hidden_UPH, prompt_kv = run_prompts(decoder, prompts)
     flat_index_BT = torch.full(valid_BT.shape, -1, dtype=torch.long, device=device)
     flat_index_BT[valid_BT] = torch.arange(int(valid_BT.sum()), device=device)
     starts_B = torch.nonzero(valid_BT[:, 0]).flatten()
@@ -157,6 +159,22 @@ def decoder_layer(layer: torch.nn.Module, hidden_RWH: torch.Tensor, prefix_keys:
                   bias_R1WS: torch.Tensor) -> torch.Tensor:
     """One pre-norm decoder layer on response tokens that also attend to their prompt's keys and values
     (`bias_R1WS`: `attention_bias`)."""
+    return _layer(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, bias_R1WS)[0]
+
+
+def prompt_layer(layer: torch.nn.Module, hidden_UPH: torch.Tensor, cos_UPD: torch.Tensor, sin_UPD: torch.Tensor,
+                 bias_U1PP: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pre-norm decoder layer on the distinct prompts alone (`bias_U1PP`: `prompt_attention_bias`); returns
+    (hidden_UPH, keys_UKPD, values_UKPD), the keys and values being what the responses attend to."""
+    attn = layer.self_attn
+    no_prefix_UK0D = hidden_UPH.new_zeros(hidden_UPH.shape[0], attn.k_proj.out_features // attn.head_dim, 0,
+                                          attn.head_dim)
+    return _layer(layer, hidden_UPH, no_prefix_UK0D, no_prefix_UK0D, cos_UPD, sin_UPD, bias_U1PP)
+
+
+def _layer(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, bias_R1WS):
+    """(hidden_RWH, key_RKWD, value_RKWD) of `decoder_layer`: the layer's output and its tokens' own keys and
+    values."""
     # The head axes are added here, not by the caller: a compiled graph then sees them as constant 1s.
     cos_R1WD, sin_R1WD = cos_RWD[:, None], sin_RWD[:, None]
     attn = layer.self_attn
@@ -169,7 +187,7 @@ def decoder_layer(layer: torch.nn.Module, hidden_RWH: torch.Tensor, prefix_keys:
                                          scale=attn.scaling, enable_gqa=True)
     hidden_RWH = hidden_RWH + attn.o_proj(out.transpose(1, 2).flatten(2))
     mlp_out = layer.mlp(apply_norm(layer.post_attention_layernorm, hidden_RWH))
-    return hidden_RWH + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
+    return hidden_RWH + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out), key, value
 
 
 @functools.cache
@@ -182,6 +200,42 @@ def compiled_decoder_layer():
     return compile_for_varying_sizes(
         decoder_layer, eager_when=lambda layer, hidden_RWH, prefix_keys, *rest: min(
             hidden_RWH.shape[0], hidden_RWH.shape[1], prefix_keys.shape[2]) < 2)
+
+
+@functools.cache
+def compiled_prompt_layer():
+    """`prompt_layer` through `torch.compile` (once per process, one graph for every layer and prompt batch; one
+    prompt or a width of one runs eagerly)."""
+    return compile_for_varying_sizes(
+        prompt_layer, eager_when=lambda layer, hidden_UPH, *rest: min(hidden_UPH.shape[0], hidden_UPH.shape[1]) < 2)
+
+
+def _prompts_layer_by_layer(decoder, prompts: DistinctPrompts, *, apply_layer=prompt_layer
+                            ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """(hidden_UPH, per-layer (keys, values)) of the distinct prompts, the layers applied by hand as in
+    `_layer_by_layer` (`_run_prompts`' result for Llama/Qwen-style decoders, without the generic forward's cache and
+    mask building). `apply_layer` is `prompt_layer` or its compiled version."""
+    positions_UP = (prompts.real_UP.long().cumsum(-1) - 1).clamp(min=0)
+    hidden_UPH = decoder.embed_tokens(prompts.ids_UP)
+    cos_UPD, sin_UPD = decoder.rotary_emb(hidden_UPH, positions_UP)
+    bias_U1PP = prompt_attention_bias(prompts.real_UP, hidden_UPH.dtype)
+    prompt_kv = []
+    for layer in decoder.layers:
+        hidden_UPH, keys_UKPD, values_UKPD = apply_layer(layer, hidden_UPH, cos_UPD, sin_UPD, bias_U1PP)
+        prompt_kv.append((keys_UKPD, values_UKPD))
+    return apply_norm(decoder.norm, hidden_UPH), prompt_kv
+
+
+def prompt_attention_bias(real_UP: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [U, 1, P, P] of left-padded prompts over themselves: causal, real keys only. A padding
+    position also sees itself, so that no softmax row is empty: not every attention kernel returns zeros for a
+    row with no key, and a NaN there would reach the responses through the padding's keys and values, masked or
+    not (0 · NaN is NaN). What padding positions compute is never read."""
+    P = real_UP.shape[1]
+    causal_PP = torch.ones(P, P, dtype=torch.bool, device=real_UP.device).tril()
+    allowed_UPP = (causal_PP[None] & real_UP[:, None, :]) | torch.eye(P, dtype=torch.bool, device=real_UP.device)
+    return torch.zeros(allowed_UPP.shape, dtype=dtype, device=real_UP.device).masked_fill_(
+        ~allowed_UPP, float("-inf"))[:, None]
 
 
 def _layer_by_layer(decoder, ids_RW, positions_RW, prompt_real_RP, prefix_kv, *, apply_layer=decoder_layer

@@ -114,6 +114,28 @@ def test_attention_dropout_keeps_the_decoder_forward():
     assert not shared_prompts.runs_layer_by_layer(build_tiny_qwen3(seed=10, attention_dropout=0.1))
 
 
+def test_hand_applied_prompt_pass_matches_the_decoders_own_forward():
+    """`_prompts_layer_by_layer` (the prompts' pass for Llama/Qwen-style decoders) against `_run_prompts` (the
+    decoder's forward on a cache): the same hidden states, keys and values at every real prompt position of
+    left-padded prompts, and nothing but finite numbers at the padding (a NaN there would reach the responses)."""
+    model = build_tiny_qwen3(seed=3)
+    decoder = model.get_decoder()
+    prompts = shared_prompts.distinct_prompts([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], pad_id=0,
+                                              device=torch.device("cpu"))
+    with torch.no_grad():
+        hidden, kv = shared_prompts._prompts_layer_by_layer(decoder, prompts)
+        ref_hidden, ref_kv = shared_prompts._run_prompts(decoder, prompts)
+    real_UP = prompts.real_UP
+    assert not bool(real_UP.all())      # the case has left padding
+    torch.testing.assert_close(hidden[real_UP], ref_hidden[real_UP], rtol=0, atol=1e-5)
+    for (keys, values), (ref_keys, ref_values) in zip(kv, ref_kv):
+        for got, want in ((keys, ref_keys), (values, ref_values)):
+            torch.testing.assert_close(got.transpose(1, 2)[real_UP], want.transpose(1, 2)[real_UP], rtol=0,
+                                       atol=1e-5)
+            assert bool(got.isfinite().all())
+    assert bool(hidden.isfinite().all())
+
+
 def test_rms_norm_backward_matches_autograd_of_the_module():
     """The hand-written backward against the Qwen3 norm module's own autograd, with a non-trivial weight, on a
     [rows, heads, D] input (as q_norm sees it); and numerically (float64 gradcheck)."""
@@ -137,7 +159,8 @@ def test_rms_norm_backward_matches_autograd_of_the_module():
 def test_compiled_layers_match_the_eager_path_values_and_grads():
     """`compiled=True` (trainer.compile) runs the layers through torch.compile: the same log-probs, entropies and
     gradients as the eager hand-applied layers, on batches whose forwards have one row, a width of one, a
-    one-token prompt, and rows == width; one graph serves them all (no recompile mid-run)."""
+    one-token prompt, and rows == width; the graphs the first batch compiles (the responses' layers, the
+    prompts' layers; fewer when an earlier test compiled them) serve them all: no recompile mid-run."""
     from torch._dynamo.utils import counters
 
     model = build_tiny_qwen3(seed=11)
@@ -149,6 +172,7 @@ def test_compiled_layers_match_the_eager_path_values_and_grads():
         ([[5], [4]], [[3, 3], [2, 4]]),               # one-token prompts
     ]
     counters.clear()
+    graphs_after_first = None
     for prompts, lengths in batches:
         tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch(prompts, lengths)
         results = {}
@@ -161,7 +185,9 @@ def test_compiled_layers_match_the_eager_path_values_and_grads():
         torch.testing.assert_close(ent, eager_ent, rtol=0, atol=1e-5)
         for name, grad in grads.items():
             torch.testing.assert_close(grad, eager_grads[name], rtol=0, atol=1e-5, msg=name)
-    assert counters["stats"]["unique_graphs"] == 1
+        if graphs_after_first is None:
+            graphs_after_first = counters["stats"]["unique_graphs"]
+    assert graphs_after_first <= 2 and counters["stats"]["unique_graphs"] == graphs_after_first
 
 
 def test_rows_longer_than_a_sliding_window_take_the_plain_path(monkeypatch):
