@@ -179,7 +179,7 @@ def decoder_layer(layer: torch.nn.Module, hidden_RWH: torch.Tensor, prefix_keys:
                   bias_R1WS: torch.Tensor) -> torch.Tensor:
     """One pre-norm decoder layer on response tokens that also attend to their prompt's keys and values
     (`bias_R1WS`: `attention_bias`)."""
-    return _layer(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, bias_R1WS)[0]
+    return _layer_and_kv(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, bias_R1WS)[0]
 
 
 def prompt_layer(layer: torch.nn.Module, hidden_UPH: torch.Tensor, cos_UPD: torch.Tensor, sin_UPD: torch.Tensor,
@@ -189,10 +189,10 @@ def prompt_layer(layer: torch.nn.Module, hidden_UPH: torch.Tensor, cos_UPD: torc
     attn = layer.self_attn
     no_prefix_UK0D = hidden_UPH.new_zeros(hidden_UPH.shape[0], attn.k_proj.out_features // attn.head_dim, 0,
                                           attn.head_dim)
-    return _layer(layer, hidden_UPH, no_prefix_UK0D, no_prefix_UK0D, cos_UPD, sin_UPD, bias_U1PP)
+    return _layer_and_kv(layer, hidden_UPH, no_prefix_UK0D, no_prefix_UK0D, cos_UPD, sin_UPD, bias_U1PP)
 
 
-def _layer(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, bias_R1WS):
+def _layer_and_kv(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, bias_R1WS):
     """(hidden_RWH, key_RKWD, value_RKWD) of `decoder_layer`: the layer's output and its tokens' own keys and
     values."""
     # The head axes are added here, not by the caller: a compiled graph then sees them as constant 1s.
