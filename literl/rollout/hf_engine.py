@@ -13,7 +13,7 @@ Where the time goes and what this engine does about it (numbers in benchmarks/en
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -41,6 +41,11 @@ class HFEngine:
     (about 10 s once per process on CPU; worth it only for long runs). `sync_every` sets how many steps pass
     between checks for finished rows (default: 1 on CPU, 8 on accelerators).
 
+    `prefill_fn(model, prompts)` runs the distinct prompts once and returns (logits_UV of each prompt's next token,
+    a `DynamicCache` of their keys and values); the default is the model's own forward (`decoding.prefill`).
+    literl's trainer passes its hand-applied prompt layers for Llama/Qwen-style models
+    (`literl.training.shared_prompts.prefill_by_layers`: no mask or cache building; compiled with the decode step).
+
     `generate(..., record_forward=True)` also keeps the decode steps' matmul outputs for an on-policy update
     (`literl.rollout.recording`) when the engine samples from the module itself on the static path, the model
     supports it and the record fits in `record_max_bytes`; the generation then carries it in its extras.
@@ -48,7 +53,8 @@ class HFEngine:
 
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_id: int,
                  dtype: torch.dtype | None = None, decode: str = "auto", compile: bool = False,
-                 sync_every: int | None = None, record_max_bytes: int = 2 << 30):
+                 sync_every: int | None = None, record_max_bytes: int = 2 << 30,
+                 prefill_fn: Callable[[torch.nn.Module, DistinctPrompts], tuple] | None = None):
         self.dtype = dtype
         self.eos_token_ids = sorted(set(int(t) for t in eos_token_ids))
         if not self.eos_token_ids:
@@ -61,6 +67,7 @@ class HFEngine:
             self.model = copy.deepcopy(model).to(dtype).eval()
         self.decode = decode
         self.sync_every = sync_every
+        self._prefill = prefill_fn or prefill
         self._static_ok: bool | None = None
         device_type = next(model.parameters()).device.type
         self._step_fn = compiled_decode_step(device_type) if compile else static_decode_step
@@ -110,7 +117,7 @@ class HFEngine:
         try:
             prepared = distinct_prompts(prompts, self.pad_id, device)
             use_static = self.uses_static_kv and self._fits_window(prepared.width + T)
-            first_logits_UV, cache = prefill(self.model, prepared)
+            first_logits_UV, cache = self._prefill(self.model, prepared)
             record = None
             if record_forward and use_static and T > 1 and self.can_record(B, T):
                 record = ForwardRecord(self.model, self._record_buffers, B, T, device)

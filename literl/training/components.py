@@ -7,6 +7,7 @@ trainer only drives the loop over what is assembled here.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
 from literl.training.optim import build_optimizer
 from literl.training.problems import training_problems
-from literl.training.shared_prompts import runs_layer_by_layer
+from literl.training.shared_prompts import matches_plain_forward, prefill_by_layers, runs_layer_by_layer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -93,7 +94,8 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
                       dtype=DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None,
                       decode=cfg.rollout.decode, compile=cfg.rollout.compile,
-                      record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30))
+                      record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
+                      prefill_fn=_prefill_fn(cfg, policy))
     reference = None
     if objective.needs_reference:
         reference = _reference_model(cfg, policy, device)
@@ -141,6 +143,14 @@ def _quiet_hugging_face() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+
+
+def _prefill_fn(cfg: Config, policy: torch.nn.Module):
+    """The rollout's prefill: the hand-applied prompt layers the update uses (compiled with the decode step) for
+    models that run them exactly, else the engine's default (the model's own forward)."""
+    if not (runs_layer_by_layer(policy) and matches_plain_forward(policy)):
+        return None
+    return functools.partial(prefill_by_layers, compiled=cfg.rollout.compile)
 
 
 def _device(choice: str) -> torch.device:

@@ -246,6 +246,20 @@ def _prompts_layer_by_layer(decoder, prompts: DistinctPrompts, *, apply_layer=pr
     return apply_norm(decoder.norm, hidden_UPH), prompt_kv
 
 
+@torch.inference_mode()
+def prefill_by_layers(model: torch.nn.Module, prompts: DistinctPrompts, *, compiled: bool = False
+                      ) -> tuple[torch.Tensor, DynamicCache]:
+    """The rollout's prefill (`HFEngine(prefill_fn=...)`) through `_prompts_layer_by_layer`: (logits_UV of each
+    prompt's next token, a `DynamicCache` of the prompts' keys and values), as `decoding.prefill` returns them from
+    the model's own forward. For models `runs_layer_by_layer` and `matches_plain_forward` accept (their head is the
+    output embedding applied to the final hidden state). On the step-speed benchmark: rollout −5 ms, step −1.7%
+    compiled (`compiled=True`, the prompt layers' graph), −0.5% eager, alternating A/B."""
+    hidden_UPH, prompt_kv = _prompts_layer_by_layer(
+        model.get_decoder(), prompts, apply_layer=compiled_prompt_layer() if compiled else prompt_layer)
+    return model.get_output_embeddings()(hidden_UPH[:, -1]), DynamicCache(ddp_cache_data=prompt_kv,
+                                                                          config=model.config)
+
+
 def prompt_attention_bias(real_UP: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask [U, 1, P, P] of left-padded prompts over themselves: causal, real keys only. A padding
     position also sees itself, so that no softmax row is empty: not every attention kernel returns zeros for a
