@@ -61,8 +61,7 @@ def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_
     if runs_layer_by_layer(model):
         run_responses = functools.partial(
             _layer_by_layer, apply_layer=compiled_decoder_layer() if compiled else decoder_layer)
-        run_prompts = functools.partial(
-            _prompts_layer_by_layer, apply_layer=compiled_prompt_layer() if compiled else prompt_layer)
+        run_prompts = functools.partial(_prompts_layer_by_layer, compiled=compiled)
     else:
         run_responses, run_prompts = _with_cache, _run_prompts
     prompt_hidden_UPH, prompt_kv = run_prompts(decoder, prompts)
@@ -222,28 +221,36 @@ def compiled_decoder_layer():
             hidden_RWH.shape[0], hidden_RWH.shape[1], prefix_keys.shape[2]) < 2)
 
 
+def prompt_layers(decoder, hidden_UPH: torch.Tensor, cos_UPD: torch.Tensor, sin_UPD: torch.Tensor,
+                  bias_U1PP: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Every layer (`prompt_layer`) and the final norm on the distinct prompts' embeddings: (hidden_UPH, per-layer
+    (keys, values))."""
+    prompt_kv = []
+    for layer in decoder.layers:
+        hidden_UPH, keys_UKPD, values_UKPD = prompt_layer(layer, hidden_UPH, cos_UPD, sin_UPD, bias_U1PP)
+        prompt_kv.append((keys_UKPD, values_UKPD))
+    return apply_norm(decoder.norm, hidden_UPH), prompt_kv
+
+
 @functools.cache
-def compiled_prompt_layer():
-    """`prompt_layer` through `torch.compile` (once per process, one graph for every layer and prompt batch; one
-    prompt or a width of one runs eagerly)."""
+def compiled_prompt_layers():
+    """`prompt_layers` through `torch.compile` (once per process: one graph for every prompt batch, all layers in
+    it, element-wise work fused across layer boundaries); one prompt or a width of one runs eagerly."""
     return compile_for_varying_sizes(
-        prompt_layer, eager_when=lambda layer, hidden_UPH, *rest: min(hidden_UPH.shape[0], hidden_UPH.shape[1]) < 2)
+        prompt_layers, eager_when=lambda decoder, hidden_UPH, *rest: min(hidden_UPH.shape[0], hidden_UPH.shape[1]) < 2)
 
 
-def _prompts_layer_by_layer(decoder, prompts: DistinctPrompts, *, apply_layer=prompt_layer
+def _prompts_layer_by_layer(decoder, prompts: DistinctPrompts, *, compiled: bool = False
                             ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """(hidden_UPH, per-layer (keys, values)) of the distinct prompts, the layers applied by hand as in
     `_layer_by_layer` (`_run_prompts`' result for Llama/Qwen-style decoders, without the generic forward's cache and
-    mask building). `apply_layer` is `prompt_layer` or its compiled version."""
+    mask building); `compiled=True` runs them through `compiled_prompt_layers`."""
     positions_UP = (prompts.real_UP.long().cumsum(-1) - 1).clamp(min=0)
     hidden_UPH = decoder.embed_tokens(prompts.ids_UP)
     cos_UPD, sin_UPD = decoder.rotary_emb(hidden_UPH, positions_UP)
     bias_U1PP = prompt_attention_bias(prompts.real_UP, hidden_UPH.dtype)
-    prompt_kv = []
-    for layer in decoder.layers:
-        hidden_UPH, keys_UKPD, values_UKPD = apply_layer(layer, hidden_UPH, cos_UPD, sin_UPD, bias_U1PP)
-        prompt_kv.append((keys_UKPD, values_UKPD))
-    return apply_norm(decoder.norm, hidden_UPH), prompt_kv
+    run = compiled_prompt_layers() if compiled else prompt_layers
+    return run(decoder, hidden_UPH, cos_UPD, sin_UPD, bias_U1PP)
 
 
 @torch.inference_mode()
@@ -254,8 +261,7 @@ def prefill_by_layers(model: torch.nn.Module, prompts: DistinctPrompts, *, compi
     the model's own forward. For models `runs_layer_by_layer` and `matches_plain_forward` accept (their head is the
     output embedding applied to the final hidden state). On the step-speed benchmark: rollout −5 ms, step −1.7%
     compiled (`compiled=True`, the prompt layers' graph), −0.5% eager, alternating A/B."""
-    hidden_UPH, prompt_kv = _prompts_layer_by_layer(
-        model.get_decoder(), prompts, apply_layer=compiled_prompt_layer() if compiled else prompt_layer)
+    hidden_UPH, prompt_kv = _prompts_layer_by_layer(model.get_decoder(), prompts, compiled=compiled)
     return model.get_output_embeddings()(hidden_UPH[:, -1]), DynamicCache(ddp_cache_data=prompt_kv,
                                                                           config=model.config)
 
