@@ -102,20 +102,7 @@ def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_
 def gather_distinct_rows(x_NF: torch.Tensor, index_M: torch.Tensor) -> torch.Tensor:
     """x_NF[index_M] for an index without repeats, whose backward scatters the gradient rows into place (no
     accumulation, so no atomic adds in a compiled backward, ~5x faster than index_select's index_add here)."""
-    return _GatherDistinctRows.apply(x_NF, index_M)
-
-
-class _GatherDistinctRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_NF, index_M):
-        ctx.save_for_backward(index_M)
-        ctx.rows = x_NF.shape[0]
-        return x_NF.index_select(0, index_M)
-
-    @staticmethod
-    def backward(ctx, grad_MF):
-        (index_M,) = ctx.saved_tensors
-        return grad_MF.new_zeros(ctx.rows, *grad_MF.shape[1:]).index_copy(0, index_M, grad_MF), None
+    return _SelectRows.apply(x_NF, index_M, True)
 
 
 def repeat_rows(x_UF: torch.Tensor, index_R: torch.Tensor) -> torch.Tensor:
@@ -124,20 +111,26 @@ def repeat_rows(x_UF: torch.Tensor, index_R: torch.Tensor) -> torch.Tensor:
     of the attention's key or value gradient (its prompt columns); index_add on such a view falls back to
     scatter_add (0.6-0.7 ms per call on the benchmark workload, against ~0.06 ms for copy and index_add; an
     indexing backward, an accumulating index_put, is slower still)."""
-    return _RepeatRows.apply(x_UF, index_R)
+    return _SelectRows.apply(x_UF, index_R, False)
 
 
-class _RepeatRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_UF, index_R):
-        ctx.save_for_backward(index_R)
-        ctx.rows = x_UF.shape[0]
-        return x_UF.index_select(0, index_R)
+class _SelectRows(torch.autograd.Function):
+    """x[index] along dim 0; backward: index_copy of the gradient rows when the index has no repeats
+    (`gather_distinct_rows`), else index_add of a contiguous copy of them (`repeat_rows`)."""
 
     @staticmethod
-    def backward(ctx, grad_RF):
-        (index_R,) = ctx.saved_tensors
-        return grad_RF.new_zeros(ctx.rows, *grad_RF.shape[1:]).index_add_(0, index_R, grad_RF.contiguous()), None
+    def forward(ctx, x, index, distinct: bool):
+        ctx.save_for_backward(index)
+        ctx.rows, ctx.distinct = x.shape[0], distinct
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        zeros = grad.new_zeros(ctx.rows, *grad.shape[1:])
+        if ctx.distinct:
+            return zeros.index_copy(0, index, grad), None, None
+        return zeros.index_add_(0, index, grad.contiguous()), None, None
 
 
 def attention_bias(prompt_real_RP: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -185,15 +178,12 @@ def prompt_layer(layer: torch.nn.Module, hidden_UPH: torch.Tensor, cos_UPD: torc
                  bias_U1PP: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One pre-norm decoder layer on the distinct prompts alone (`bias_U1PP`: `prompt_attention_bias`); returns
     (hidden_UPH, keys_UKPD, values_UKPD), the keys and values being what the responses attend to."""
-    attn = layer.self_attn
-    no_prefix_UK0D = hidden_UPH.new_zeros(hidden_UPH.shape[0], attn.k_proj.out_features // attn.head_dim, 0,
-                                          attn.head_dim)
-    return _layer_and_kv(layer, hidden_UPH, no_prefix_UK0D, no_prefix_UK0D, cos_UPD, sin_UPD, bias_U1PP)
+    return _layer_and_kv(layer, hidden_UPH, None, None, cos_UPD, sin_UPD, bias_U1PP)
 
 
 def _layer_and_kv(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RWD, bias_R1WS):
     """(hidden_RWH, key_RKWD, value_RKWD) of `decoder_layer`: the layer's output and its tokens' own keys and
-    values."""
+    values; with no prefix (None), the tokens attend to each other only."""
     # The head axes are added here, not by the caller: a compiled graph then sees them as constant 1s.
     cos_R1WD, sin_R1WD = cos_RWD[:, None], sin_RWD[:, None]
     attn = layer.self_attn
@@ -201,9 +191,10 @@ def _layer_and_kv(layer, hidden_RWH, prefix_keys, prefix_values, cos_RWD, sin_RW
     query = rotate(_heads(attn.q_proj(x_RWH), attn.head_dim, getattr(attn, "q_norm", None)), cos_R1WD, sin_R1WD)
     key = rotate(_heads(attn.k_proj(x_RWH), attn.head_dim, getattr(attn, "k_norm", None)), cos_R1WD, sin_R1WD)
     value = _heads(attn.v_proj(x_RWH), attn.head_dim, None)
-    out = F.scaled_dot_product_attention(query, torch.cat([prefix_keys, key], dim=2),
-                                         torch.cat([prefix_values, value], dim=2), attn_mask=bias_R1WS,
-                                         scale=attn.scaling, enable_gqa=True)
+    keys, values = (key, value) if prefix_keys is None else (torch.cat([prefix_keys, key], dim=2),
+                                                              torch.cat([prefix_values, value], dim=2))
+    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=bias_R1WS, scale=attn.scaling,
+                                         enable_gqa=True)
     hidden_RWH = hidden_RWH + attn.o_proj(out.transpose(1, 2).flatten(2))
     mlp_out = layer.mlp(apply_norm(layer.post_attention_layernorm, hidden_RWH))
     return hidden_RWH + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out), key, value
