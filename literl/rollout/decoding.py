@@ -18,6 +18,9 @@ from typing import Protocol, Sequence
 import torch
 from transformers.cache_utils import DynamicCache
 
+from literl.rollout.generator import SamplingParams
+from literl.rollout.sampling import sample_from_uniform
+
 
 @dataclass
 class DistinctPrompts:
@@ -70,6 +73,12 @@ class Decoder(Protocol):
         """Append each slot's sampled token; return the fp32-castable logits_RV of its next token."""
         ...
 
+    def step_and_sample(self, token_R: torch.Tensor, params: SamplingParams, uniform_RV: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`step`, then `sampling.sample_from_uniform` on its logits: (next token_R, its logp_R). A decoder may run
+        both as one (the static decoder's compiled step samples inside its graph)."""
+        ...
+
     def keep(self, slots_K: torch.Tensor) -> None:
         """Keep only these slots (in this order); the others are dropped from the batch and the cache. Any order
         is valid; a decoder may be cheapest when most slots keep their position (slots_K[i] == i)."""
@@ -93,6 +102,10 @@ class DynamicCacheDecoder:
                          position_ids=self.next_position_R[:, None], past_key_values=self.cache, use_cache=True)
         self.next_position_R = self.next_position_R + 1
         return out.logits[:, -1]
+
+    def step_and_sample(self, token_R: torch.Tensor, params: SamplingParams, uniform_RV: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        return sample_from_uniform(self.step(token_R), params, uniform_RV)
 
     def keep(self, slots_K: torch.Tensor) -> None:
         self.cache.batch_select_indices(slots_K)

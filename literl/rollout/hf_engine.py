@@ -22,7 +22,7 @@ from literl.rollout.generator import Generation, SamplingParams
 from literl.rollout.recording import (RECORD_KEY, RECORD_ROW_KEY, ForwardRecord, RecordBuffers,
                                      compiled_recording_step, record_bytes, recording_decode_step,
                                      supports_recording)
-from literl.rollout.sampling import gumbel_noise, sample_next_token
+from literl.rollout.sampling import sample_from_uniform, uniform_noise
 from literl.rollout.static_kv import (StaticKVDecoder, attention_window, compiled_decode_step,
                                      fits_attention_window, static_decode_step, supports_static_kv)
 
@@ -152,7 +152,8 @@ class HFEngine:
                      rng: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample T steps; return (ids_BT, logp_BT), pad / 0 where a row was no longer running.
 
-        Slots are the live rows of the decoder's batch; `row_R` maps them back to rows of the output.
+        Slots are the live rows of the decoder's batch; `row_R` maps them back to rows of the output. The first
+        token is sampled from the prefill's logits, each later one by the decoder's `step_and_sample`.
         """
         (B, V), T, device = logits_BV.shape, params.max_new_tokens, logits_BV.device
         ids_BT = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
@@ -161,12 +162,14 @@ class HFEngine:
         sync_every = self.sync_every or (1 if device.type == "cpu" else ACCELERATOR_SYNC_EVERY)
         row_R = torch.arange(B, device=device)
         done_R = torch.zeros(B, dtype=torch.bool, device=device)
-        logits_RV = logits_BV
         for t in range(T):
             # Noise for all B rows at every step, so a row's sample never depends on which rows were dropped.
-            noise_BV = None if params.greedy else gumbel_noise(B, V, device=device, rng=rng)
-            noise_RV = noise_BV if noise_BV is None or row_R.shape[0] == B else noise_BV[row_R]
-            token_R, token_logp_R = sample_next_token(logits_RV, params, gumbel_BV=noise_RV)
+            uniform_BV = None if params.greedy else uniform_noise(B, V, device=device, rng=rng)
+            uniform_RV = uniform_BV if uniform_BV is None or row_R.shape[0] == B else uniform_BV[row_R]
+            if t == 0:
+                token_R, token_logp_R = sample_from_uniform(logits_BV, params, uniform_RV)
+            else:
+                token_R, token_logp_R = decoder.step_and_sample(token_R, params, uniform_RV)
             ids_BT[row_R, t], logp_BT[row_R, t] = token_R, token_logp_R
             done_R |= torch.isin(token_R, eos_E)
             if t == T - 1:
@@ -183,7 +186,6 @@ class HFEngine:
                     live_K = live_slots_in_place(~done_R)
                     decoder.keep(live_K)
                     row_R, token_R, done_R = row_R[live_K], token_R[live_K], done_R[live_K]
-            logits_RV = decoder.step(token_R)
         return ids_BT, logp_BT
 
     def _generation(self, ids_BT: torch.Tensor, logp_BT: torch.Tensor) -> Generation:

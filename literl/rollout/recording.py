@@ -38,7 +38,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from literl.compiled import compile_for_varying_sizes
 from literl.rollout.decoding import distinct_prompts, prefill
-from literl.rollout.static_kv import StaticKVDecoder, attend_projected, has_supported_structure
+from literl.rollout.generator import SamplingParams
+from literl.rollout.static_kv import StaticKVDecoder, attend_projected, has_supported_structure, sampled
 
 # Keys under which a recording generation puts the record and its row index in its extras (literl.batch).
 RECORD_KEY = "rollout_forward"
@@ -221,11 +222,12 @@ def _cat_biases(*linears: torch.nn.Linear) -> torch.Tensor | None:
 
 def recording_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R: torch.Tensor,
                           keys: list[torch.Tensor], values: list[torch.Tensor], bias_RS: torch.Tensor, column: int,
-                          weights: list[tuple[torch.Tensor, ...]], records: list[tuple[torch.Tensor, ...]]
-                          ) -> torch.Tensor:
+                          weights: list[tuple[torch.Tensor, ...]], records: list[tuple[torch.Tensor, ...]],
+                          sample: tuple[SamplingParams, torch.Tensor | None] | None = None):
     """`static_kv.static_decode_step` whose matmuls write their outputs into the record rows of its slots
     (records[l] = layer l's (qkv, o, gate_up, down[, attention, lse]) rows, `ForwardRecord.add_step`), the
-    attention's output and log-sum-exp among them where the layout keeps them; returns logits_RV."""
+    attention's output and log-sum-exp among them where the layout keeps them; returns logits_RV (or, with
+    `sample`, the sampled token and its log-prob, as `static_decode_step`)."""
     body = model.get_decoder()
     R = token_R.shape[0]
     hidden_RH = body.embed_tokens(token_R)
@@ -248,7 +250,7 @@ def recording_decode_step(model: torch.nn.Module, token_R: torch.Tensor, positio
         gate_RF, up_RF = gate_up_RF.chunk(2, dim=-1)
         hidden_RH = hidden_RH + _linear_into(mlp.act_fn(gate_RF) * up_RF, mlp.down_proj.weight, mlp.down_proj.bias,
                                              down_RH)
-    return model.get_output_embeddings()(body.norm(hidden_RH))
+    return sampled(model.get_output_embeddings()(body.norm(hidden_RH)), sample)
 
 
 def _linear_into(x_RI: torch.Tensor, weight_OI: torch.Tensor, bias_O: torch.Tensor | None, out_RO: torch.Tensor

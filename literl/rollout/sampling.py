@@ -37,8 +37,25 @@ def gumbel_noise(*shape: int, device: torch.device, rng: torch.Generator | None 
 
     Four times faster on CPU than `Tensor.exponential_`, the other way to draw the race's noise.
     """
-    uniform = torch.empty(shape, device=device).uniform_(generator=rng)
-    return uniform.log_().neg_().log_().neg_()
+    return gumbel_from_uniform(uniform_noise(*shape, device=device, rng=rng))
+
+
+def uniform_noise(*shape: int, device: torch.device, rng: torch.Generator | None = None) -> torch.Tensor:
+    """U ~ Uniform[0, 1), the draw behind `gumbel_noise` (drawn eagerly, from `rng`, so that a compiled step can
+    turn it into Gumbel noise without touching the random stream)."""
+    return torch.empty(shape, device=device).uniform_(generator=rng)
+
+
+def gumbel_from_uniform(uniform: torch.Tensor) -> torch.Tensor:
+    """−log(−log U), element-wise (a pure function: traceable, fused into a compiled decode step)."""
+    return -torch.log(-torch.log(uniform))
+
+
+def sample_from_uniform(logits_BV: torch.Tensor, params: SamplingParams, uniform_BV: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_next_token` with the race's noise given as its uniform draw (None when greedy)."""
+    gumbel_BV = None if uniform_BV is None else gumbel_from_uniform(uniform_BV)
+    return sample_next_token(logits_BV, params, gumbel_BV=gumbel_BV)
 
 
 def filter_top_k_top_p(logp_BV: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

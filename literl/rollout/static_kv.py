@@ -24,6 +24,8 @@ from transformers.cache_utils import DynamicCache
 
 from literl.compiled import compile_for_varying_sizes
 from literl.rollout.decoding import DistinctPrompts, distinct_prompts, prefill
+from literl.rollout.generator import SamplingParams
+from literl.rollout.sampling import sample_from_uniform
 
 _LAYER_PARTS = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
 _ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
@@ -70,18 +72,27 @@ class StaticKVDecoder:
         self.column = P
 
     def step(self, token_R: torch.Tensor) -> torch.Tensor:
+        return self._step(token_R, None)
+
+    def step_and_sample(self, token_R: torch.Tensor, params: SamplingParams, uniform_RV: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Sampling inside the step function: compiled, it joins the step's graph (~12 small eager ops per token
+        # step fewer); the noise's uniform draw stays outside, so the random stream is the same either way.
+        return self._step(token_R, (params, uniform_RV))
+
+    def _step(self, token_R: torch.Tensor, sample):
         if self.column >= self.bias_RS.shape[1]:
             raise RuntimeError("the static KV cache is full: more steps than max_new_tokens")
         if self.record is None:
-            logits_RV = self.step_fn(self.model, token_R, self.position_R, self.keys, self.values, self.bias_RS,
-                                     self.column)
+            out = self.step_fn(self.model, token_R, self.position_R, self.keys, self.values, self.bias_RS,
+                               self.column, sample)
         else:
             records = self.record.add_step(self.slot_rows_R, self.column - self.prompt_width)
-            logits_RV = self.recording_step_fn(self.model, token_R, self.position_R, self.keys, self.values,
-                                               self.bias_RS, self.column, self.record.weights, records)
+            out = self.recording_step_fn(self.model, token_R, self.position_R, self.keys, self.values,
+                                         self.bias_RS, self.column, self.record.weights, records, sample)
         self.column += 1
         self.position_R = self.position_R + 1
-        return logits_RV
+        return out
 
     def keep(self, slots_K: torch.Tensor) -> None:
         # Kept rows move to the front of the same buffers (no new allocation). Only the rows whose slot changes
@@ -104,8 +115,9 @@ class StaticKVDecoder:
 
 def static_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R: torch.Tensor,
                        keys: list[torch.Tensor], values: list[torch.Tensor], bias_RS: torch.Tensor,
-                       column: int) -> torch.Tensor:
-    """Feed one token per row at cache column `column` (its rotary position is `position_R`); return logits_RV."""
+                       column: int, sample: tuple[SamplingParams, torch.Tensor | None] | None = None):
+    """Feed one token per row at cache column `column` (its rotary position is `position_R`); return logits_RV, or
+    with `sample=(params, uniform_RV)` the next token and its log-prob (`sampling.sample_from_uniform`)."""
     body = model.get_decoder()
     hidden_R1H = body.embed_tokens(token_R[:, None])
     cos_R1D, sin_R1D = body.rotary_emb(hidden_R1H, position_R[:, None])
@@ -116,7 +128,12 @@ def static_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R
         hidden_R1H = hidden_R1H + attended_R1H
         mlp_out = layer.mlp(layer.post_attention_layernorm(hidden_R1H))
         hidden_R1H = hidden_R1H + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
-    return model.get_output_embeddings()(body.norm(hidden_R1H))[:, 0]
+    return sampled(model.get_output_embeddings()(body.norm(hidden_R1H))[:, 0], sample)
+
+
+def sampled(logits_RV: torch.Tensor, sample: tuple[SamplingParams, torch.Tensor | None] | None):
+    """A step's result: its logits, or with `sample=(params, uniform_RV)` the sampled (token_R, logp_R)."""
+    return logits_RV if sample is None else sample_from_uniform(logits_RV, *sample)
 
 
 @functools.cache

@@ -209,6 +209,21 @@ def test_compiled_static_step_matches_eager():
     assert counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.slow
+def test_compiled_step_samples_inside_its_graph_like_the_eager_step():
+    """With temperature, top-k and top-p, the compiled step (which samples inside its graph from the engine's uniform
+    draw) gives the eager static step's and the model's own forward's tokens, rows dropped as they finish."""
+    model = build_tiny_qwen3(seed=11)
+    prompts = _prompts(seed=11) * 2
+    params = SamplingParams(max_new_tokens=24, temperature=0.8, top_k=20, top_p=0.95)
+    reference = _engine(model, "dynamic").generate(prompts, params, rng=torch.Generator().manual_seed(5))
+    assert (~reference.truncated_B).sum() >= 4, "rows must end early for rows to be dropped"
+    for engine in (_engine(model, "static"), _engine(model, "static", compile=True)):
+        gen = engine.generate(prompts, params, rng=torch.Generator().manual_seed(5))
+        assert torch.equal(gen.response_ids_BT, reference.response_ids_BT)
+        torch.testing.assert_close(gen.rollout_logp_BT, reference.rollout_logp_BT, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_prefill_through_hand_applied_prompt_layers_matches_the_models_forward(compiled):
     """The trainer's prefill (`shared_prompts.prefill_by_layers`, passed as `prefill_fn`) samples the same tokens

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from literl.rollout.generator import SamplingParams
-from literl.rollout.sampling import filter_top_k_top_p, sample_next_token
+from literl.rollout.sampling import (filter_top_k_top_p, gumbel_noise, sample_from_uniform, sample_next_token,
+                                     uniform_noise)
 
 PROBS = [0.4, 0.3, 0.2, 0.1]
 
@@ -77,3 +78,18 @@ def test_filter_keeps_values_of_allowed_tokens():
     logp_1V = torch.tensor([PROBS]).log()
     allowed = filter_top_k_top_p(logp_1V, top_k=3, top_p=1.0)
     assert torch.equal(allowed[0, :3], logp_1V[0, :3]) and allowed[0, 3] == float("-inf")
+
+
+def test_uniform_draw_gives_the_same_sample_as_gumbel_noise_from_the_same_stream():
+    """The engine draws U eagerly and the (compiled) step turns it into −log(−log U): the same random stream, and
+    the same tokens, as drawing the Gumbel noise directly."""
+    logits_BV = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    for params in (SamplingParams(), SamplingParams(top_k=5, top_p=0.9, temperature=0.7)):
+        expected = sample_next_token(logits_BV, params,
+                                     gumbel_BV=gumbel_noise(6, 50, device=logits_BV.device,
+                                                            rng=torch.Generator().manual_seed(3)))
+        got = sample_from_uniform(logits_BV, params,
+                                  uniform_noise(6, 50, device=logits_BV.device, rng=torch.Generator().manual_seed(3)))
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    token_B, _ = sample_from_uniform(logits_BV, SamplingParams(greedy=True), None)
+    assert torch.equal(token_B, logits_BV.argmax(-1))
