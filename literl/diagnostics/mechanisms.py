@@ -33,17 +33,31 @@ def repeated_suffix_fraction(tokens: list[int] | np.ndarray, max_period: int = M
     its length is that run plus p. The largest tail over all p, divided by the response length, is returned,
     counting only tails that hold at least MIN_REPEATS full periods. "ababab" → 1.0; "xyzab" → 0.0.
     """
-    y = np.asarray(tokens)
-    n = len(y)
-    best = 0
-    for p in range(1, min(max_period, n // MIN_REPEATS) + 1):
-        equal = y[p:] == y[:-p]
-        mismatches = np.flatnonzero(~equal)
-        run = len(equal) - (mismatches[-1] + 1) if len(mismatches) else len(equal)
-        tail = run + p
-        if tail >= MIN_REPEATS * p:
-            best = max(best, tail)
-    return best / n if n else 0.0
+    ids_1L = torch.as_tensor(np.asarray(tokens, dtype=np.int64)).reshape(1, -1)
+    return float(repeated_suffix_fractions(ids_1L, torch.ones_like(ids_1L, dtype=torch.bool), max_period)[0])
+
+
+def repeated_suffix_fractions(ids_NL: torch.Tensor, mask_NL: torch.Tensor, max_period: int = MAX_PERIOD
+                              ) -> torch.Tensor:
+    """`repeated_suffix_fraction` of each row's masked tokens, all rows at once (a few tensor ops per period
+    instead of one Python loop per row: ~5 ms a step at 128 responses before)."""
+    N, L = ids_NL.shape
+    n_N = mask_NL.sum(-1)
+    if N == 0 or L == 0:
+        return torch.zeros(N, dtype=torch.float64)
+    # Right-align each row's tokens so that their tails end in the last column; the columns before a row's start
+    # hold distinct negative values, which equal no token and no other column, so no run crosses the start.
+    aligned_NL = -1 - torch.arange(L).expand(N, L).clone()
+    column_NL = L - n_N[:, None] + mask_NL.long().cumsum(-1) - 1
+    aligned_NL[torch.arange(N)[:, None].expand(N, L)[mask_NL], column_NL[mask_NL]] = ids_NL[mask_NL].long()
+    best_N = torch.zeros(N, dtype=torch.long)
+    for p in range(1, min(max_period, L // MIN_REPEATS) + 1):
+        equal_NM = aligned_NL[:, p:] == aligned_NL[:, :-p]
+        run_N = equal_NM.flip(-1).cumprod(-1).sum(-1)
+        tail_N = run_N + p
+        counts_N = (tail_N >= MIN_REPEATS * p) & (p <= n_N // MIN_REPEATS)
+        best_N = torch.where(counts_N, torch.maximum(best_N, tail_N), best_N)
+    return torch.where(n_N > 0, best_N.double() / n_N.clamp(min=1), torch.zeros(N, dtype=torch.float64))
 
 
 def is_repetitive(tokens, coverage: float = REPEAT_COVERAGE) -> bool:
@@ -67,15 +81,11 @@ class MechanismDiagnostics:
             self.clipped[side].update(micro.response_ids_BT[hits].tolist())
 
     def observe_rollout(self, batch) -> dict[str, float]:
-        truncated = torch.nonzero(batch.truncated_B).flatten().tolist()
-        if not truncated:
+        rows = torch.nonzero(batch.truncated_B).flatten()
+        if not rows.numel():
             return {"repetition/truncated_repetitive_frac": 0.0}
-        flags, correct = [], []
-        for i in truncated:
-            ids = batch.response_ids_BT[i][batch.mask_BT[i]].tolist()
-            flags.append(is_repetitive(ids))
-            correct.append(bool(batch.correct_B[i]))
-        flags_t, correct_t = torch.tensor(flags), torch.tensor(correct)
+        fractions = repeated_suffix_fractions(batch.response_ids_BT[rows], batch.mask_BT[rows].bool())
+        flags_t, correct_t = fractions >= REPEAT_COVERAGE, batch.correct_B[rows].bool()
         out = {"repetition/truncated_repetitive_frac": float(flags_t.float().mean()),
                "repetition/truncated_not_repetitive_frac": float((~flags_t).float().mean())}
         for name, sel in (("correct", correct_t), ("wrong", ~correct_t)):

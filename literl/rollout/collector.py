@@ -182,36 +182,56 @@ class Collector:
                 groups_taken.add(gid)
                 rows.append((r_i, b))
         T = max((int(rounds[r].generation.mask_BT.shape[1]) for r in range(len(rounds))), default=1)
-        lengths = [len(rounds[r].prompt_ids[b]) + int(rounds[r].generation.mask_BT[b].sum()) for r, b in rows]
-        L = max(lengths, default=1)
         B = len(rows)
-        tokens_BL = torch.full((B, L), self.pad_id, dtype=torch.long)
+        # A round's rows are copied with one indexing op per field (copying row by row cost ~5 ms a batch).
+        by_round: dict[int, tuple[list[int], list[int]]] = {}
+        for i, (r, b) in enumerate(rows):
+            out_rows, round_rows = by_round.setdefault(r, ([], []))
+            out_rows.append(i)
+            round_rows.append(b)
+        index = {r: (torch.tensor(out_rows), torch.tensor(round_rows)) for r, (out_rows, round_rows) in by_round.items()}
+
+        def pick(get) -> torch.Tensor:
+            """get(round) → its per-row tensor, gathered for the kept rows in batch order."""
+            if not rows:
+                return get(rounds[0])[:0] if rounds else torch.zeros(0)
+            first = get(rounds[rows[0][0]])
+            out = first.new_empty((B, *first.shape[1:]))
+            for r, (out_I, round_I) in index.items():
+                out[out_I] = get(rounds[r])[round_I]
+            return out
+
         response_ids_BT = torch.full((B, T), self.pad_id, dtype=torch.long)
         mask_BT = torch.zeros((B, T), dtype=torch.bool)
         rollout_logp_BT = torch.zeros((B, T), dtype=torch.float32)
-        for i, (r, b) in enumerate(rows):
-            gen, prompt = rounds[r].generation, rounds[r].prompt_ids[b]
-            n = int(gen.mask_BT[b].sum())
-            tokens_BL[i, :len(prompt)] = torch.as_tensor(prompt)
-            tokens_BL[i, len(prompt):len(prompt) + n] = gen.response_ids_BT[b, :n]
+        for r, (out_I, round_I) in index.items():
+            gen = rounds[r].generation
             width = gen.mask_BT.shape[1]
-            response_ids_BT[i, :width] = gen.response_ids_BT[b]
-            mask_BT[i, :width] = gen.mask_BT[b]
-            rollout_logp_BT[i, :width] = gen.rollout_logp_BT[b]
-
-        def pick(name: str) -> torch.Tensor:
-            if not rows:
-                return getattr(rounds[0], name)[:0] if rounds else torch.zeros(0)
-            return torch.stack([getattr(rounds[r], name)[b] for r, b in rows])
+            response_ids_BT[out_I, :width] = gen.response_ids_BT[round_I]
+            mask_BT[out_I, :width] = gen.mask_BT[round_I]
+            rollout_logp_BT[out_I, :width] = gen.rollout_logp_BT[round_I]
+        prompts = [rounds[r].prompt_ids[b] for r, b in rows]
+        prompt_len_B = torch.tensor([len(prompt) for prompt in prompts], dtype=torch.long)
+        L = int((prompt_len_B + mask_BT.sum(-1)).max()) if rows else 1
+        tokens_BL = torch.full((B, L), self.pad_id, dtype=torch.long)
+        prompt_tensors: dict[tuple[int, ...], torch.Tensor] = {}     # a group's rows share their prompt
+        for i, prompt in enumerate(prompts):
+            key = tuple(prompt)
+            if key not in prompt_tensors:
+                prompt_tensors[key] = torch.tensor(key, dtype=torch.long)
+            tokens_BL[i, :len(key)] = prompt_tensors[key]
+        # Each response right after its prompt (a generation's mask is a prefix of its row: up to its EOS).
+        row_BT = torch.arange(B)[:, None].expand(B, T)
+        column_BT = prompt_len_B[:, None] + torch.arange(T)[None, :]
+        tokens_BL[row_BT[mask_BT], column_BT[mask_BT]] = response_ids_BT[mask_BT]
 
         return RolloutBatch(
             tokens_BL=tokens_BL,
-            prompt_len_B=torch.tensor([len(rounds[r].prompt_ids[b]) for r, b in rows], dtype=torch.long),
+            prompt_len_B=prompt_len_B,
             response_ids_BT=response_ids_BT, mask_BT=mask_BT, rollout_logp_BT=rollout_logp_BT,
-            truncated_B=torch.stack([rounds[r].generation.truncated_B[b] for r, b in rows]) if rows
-            else torch.zeros(0, dtype=torch.bool),
-            group_B=pick("group_B"), scores_B=pick("scores_B"), correct_B=pick("correct_B"),
-            rewards_B=pick("rewards_B"),
+            truncated_B=pick(lambda rnd: rnd.generation.truncated_B),
+            group_B=pick(lambda rnd: rnd.group_B), scores_B=pick(lambda rnd: rnd.scores_B),
+            correct_B=pick(lambda rnd: rnd.correct_B), rewards_B=pick(lambda rnd: rnd.rewards_B),
             problem_B=torch.tensor([rounds[r].problem_index[b] for r, b in rows], dtype=torch.long),
             responses=[rounds[r].responses[b] for r, b in rows],
             problems=[self.problems[rounds[r].problem_index[b]] for r, b in rows],

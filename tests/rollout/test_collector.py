@@ -1,0 +1,56 @@
+"""Collector._assemble: the batch's rows from several sampling rounds, whole groups, at most P of them."""
+
+from __future__ import annotations
+
+import torch
+
+from literl.rollout.collector import Collector, _Round
+from literl.rollout.generator import Generation, SamplingParams
+
+PAD = 0
+
+
+def _round(prompts, lengths, width, keep, first_group, seed):
+    """A sampling round: `prompts[b]` with a response of `lengths[b]` tokens (EOS = 1 last) in a `width`-wide
+    generation; groups of two consecutive rows."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(prompts)
+    ids_BT = torch.full((B, width), PAD, dtype=torch.long)
+    mask_BT = torch.zeros(B, width, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        ids_BT[b, :n] = torch.randint(3, 50, (n,), generator=g)
+        ids_BT[b, n - 1] = 1
+        mask_BT[b, :n] = True
+    logp_BT = torch.where(mask_BT, -torch.rand(B, width, generator=g), torch.zeros(B, width))
+    generation = Generation(ids_BT, mask_BT, logp_BT, torch.tensor([n == width for n in lengths]))
+    scores = torch.rand(B, generator=g)
+    return _Round(list(range(B)), prompts, generation, [f"r{seed}b{b}" for b in range(B)], scores, scores > 0.5,
+                  2 * scores, torch.arange(first_group, first_group + B // 2).repeat_interleave(2),
+                  torch.tensor(keep), {}, {})
+
+
+def test_rows_of_several_rounds_and_widths_are_laid_out_prompt_then_response():
+    collector = Collector(engine=None, problems=[{}] * 8, prompt_ids=None, decode=None, rewards=None,
+                          objective=None, sampling=SamplingParams(), prompts_per_step=3, group_size=2,
+                          max_rounds=2, stream=None, pad_id=PAD)
+    rounds = [_round([[5, 6, 7], [5, 6, 7], [8], [8]], [2, 4, 1, 3], width=4, keep=[True, True, False, False],
+                     first_group=0, seed=0),
+              _round([[9, 9], [9, 9], [4, 3, 2, 2], [4, 3, 2, 2], [7], [7]], [6, 1, 2, 5, 3, 3], width=6,
+                     keep=[True, True, True, True, True, True], first_group=2, seed=1)]
+    batch = collector._assemble(rounds)
+    kept = [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (1, 3)]      # three groups: the first round's, two of the second
+    assert batch.tokens_BL.shape[0] == len(kept)
+    for i, (r, b) in enumerate(kept):
+        prompt, gen = rounds[r].prompt_ids[b], rounds[r].generation
+        n = int(gen.mask_BT[b].sum())
+        expected = prompt + gen.response_ids_BT[b, :n].tolist()
+        assert batch.tokens_BL[i].tolist() == expected + [PAD] * (batch.tokens_BL.shape[1] - len(expected))
+        assert int(batch.prompt_len_B[i]) == len(prompt)
+        width = gen.mask_BT.shape[1]
+        assert batch.response_ids_BT[i].tolist() == gen.response_ids_BT[b].tolist() + [PAD] * (6 - width)
+        assert batch.mask_BT[i].tolist() == gen.mask_BT[b].tolist() + [False] * (6 - width)
+        assert batch.rollout_logp_BT[i].tolist() == gen.rollout_logp_BT[b].tolist() + [0.0] * (6 - width)
+        assert bool(batch.truncated_B[i]) == bool(gen.truncated_B[b]) and batch.responses[i] == rounds[r].responses[b]
+        for name in ("group_B", "scores_B", "correct_B", "rewards_B"):
+            assert getattr(batch, name)[i] == getattr(rounds[r], name)[b], name
+    assert batch.truncated_B.any() and not batch.truncated_B.all()
