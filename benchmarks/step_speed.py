@@ -205,9 +205,11 @@ def _ratios(result: dict) -> dict:
 def comparison_record(args) -> dict:
     result = compare(args)
     ratios = _ratios(result)
-    targets = {"literl_over_trl_max": TARGET_TRL_RATIO, "literl_over_floor_max": TARGET_FLOOR_RATIO,
-               "met": ratios["literl_over_floor"] <= TARGET_FLOOR_RATIO
-               and ratios.get("literl_over_trl", 0.0) <= TARGET_TRL_RATIO}
+    # Per variant: the eager default, and the compiled one (`rollout.compile=true trainer.compile=true`).
+    met = {variant: ratios[f"{variant}_over_floor"] <= TARGET_FLOOR_RATIO
+           and ratios.get(f"{variant}_over_trl", 0.0) <= TARGET_TRL_RATIO
+           for variant in ("literl", "literl_compiled") if f"{variant}_over_floor" in ratios}
+    targets = {"literl_over_trl_max": TARGET_TRL_RATIO, "literl_over_floor_max": TARGET_FLOOR_RATIO, "met": met}
     literl = result["literl"]
     phases = {key: literl[key] for key in ("rollout_s", "generate_s", "reward_s", "update_s", "old_logp_s",
                                            "other_s", "rollout_cpu_s", "update_cpu_s")}

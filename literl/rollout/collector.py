@@ -189,7 +189,8 @@ class Collector:
             out_rows, round_rows = by_round.setdefault(r, ([], []))
             out_rows.append(i)
             round_rows.append(b)
-        index = {r: (torch.tensor(out_rows), torch.tensor(round_rows)) for r, (out_rows, round_rows) in by_round.items()}
+        index = {r: (torch.tensor(out_rows), torch.tensor(round_rows))
+                 for r, (out_rows, round_rows) in by_round.items()}
 
         def pick(get) -> torch.Tensor:
             """get(round) → its per-row tensor, gathered for the kept rows in batch order."""
