@@ -8,6 +8,8 @@ Where the time goes and what this engine does about it (numbers in benchmarks/en
   move (`live_slots_in_place`), so a drop costs little.
 - Host syncs (reading "how many rows are done") happen every step on CPU, where they are free, and every
   `sync_every` steps on accelerators, where each one stalls the launch queue.
+- Sampling runs inside the decode step (`Decoder.step_and_sample`; compiled, in the step's graph). Only the uniform
+  draw is made outside, for all rows at every step, so a seed gives the same tokens on every path.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class StaticKVDecoder:
         # step fewer); the noise's uniform draw stays outside, so the random stream is the same either way.
         return self._step(token_R, (params, uniform_RV))
 
-    def _step(self, token_R: torch.Tensor, sample):
+    def _step(self, token_R: torch.Tensor, sample: tuple[SamplingParams, torch.Tensor | None] | None):
         if self.column >= self.bias_RS.shape[1]:
             raise RuntimeError("the static KV cache is full: more steps than max_new_tokens")
         if self.record is None:
