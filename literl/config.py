@@ -74,7 +74,8 @@ class RolloutConfig:
                               "the batch")
     decode: str = knob("auto", "decode path: auto (static KV cache when the model's structure allows it) | "
                                "static | dynamic (the model's own forward with a growing cache)")
-    compile: bool = knob(False, "torch.compile the static decode step (about 10 s once; pays off on long runs)")
+    compile: bool = knob(False, "torch.compile the static decode step with its sampling, and the prefill (~20-40 s "
+                                "once; rollout ~25% faster on the speed benchmark, docs/speed.md; for long runs)")
 
 
 @dataclass
@@ -155,7 +156,8 @@ class TrainerConfig:
                                            "always: run the recompute pass every step")
     device: str = knob("auto", "auto | cpu | cuda")
     compile: bool = knob(False, "torch.compile the training forward's decoder layers (Llama/Qwen-style models, "
-                                "rows sharing a prompt; about 10 s once, ~10% less update time on CPU)")
+                                "rows sharing a prompt; ~10-30 s once, ~20% less update time on the speed "
+                                "benchmark, docs/speed.md)")
     replay_max_gib: float = knob(2.0, "memory (GiB) the rollout may use to keep its decode's matmul outputs, so "
                                       "that an update with the rollout's own weights (on-policy, engine sampling "
                                       "from the policy itself) replays them instead of recomputing its forward "
