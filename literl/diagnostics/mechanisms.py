@@ -60,10 +60,6 @@ def repeated_suffix_fractions(ids_NL: torch.Tensor, mask_NL: torch.Tensor, max_p
     return torch.where(n_N > 0, best_N.double() / n_N.clamp(min=1), torch.zeros(N, dtype=torch.float64))
 
 
-def is_repetitive(tokens, coverage: float = REPEAT_COVERAGE) -> bool:
-    return repeated_suffix_fraction(tokens) >= coverage
-
-
 class MechanismDiagnostics:
     """Accumulates clipped-token counts over a run and reports repetition metrics per step."""
 

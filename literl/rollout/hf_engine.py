@@ -39,8 +39,8 @@ class HFEngine:
     training–inference mismatch real and measurable on CPU; `sync_weights` refreshes that copy.
 
     `decode` picks the decode path: "auto" (the static-cache step when the model supports it), "static", or
-    "dynamic" (the model's own forward). `compile=True` compiles the static step with `torch.compile`
-    (about 10 s once per process on CPU; worth it only for long runs). `sync_every` sets how many steps pass
+    "dynamic" (the model's own forward). `compile=True` compiles the static step, its sampling
+    included, with `torch.compile` (~20-40 s once per process on CPU; worth it only for long runs). `sync_every` sets how many steps pass
     between checks for finished rows (default: 1 on CPU, 8 on accelerators).
 
     `prefill_fn(model, prompts)` runs the distinct prompts once and returns (logits_UV of each prompt's next token,
