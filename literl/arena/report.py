@@ -19,7 +19,7 @@ from literl.arena import plots
 from literl.arena.plots import Panel
 from literl.arena.runs import RunRecord
 from literl.arena.stats import SCORES
-from literl.arena.summary import format_cell
+from literl.arena.summary import format_cell, format_detectable
 from literl.data.files import write_text_atomic
 
 CSS = """
@@ -105,7 +105,9 @@ def _verdict_html(entry: dict) -> str:
     ci = (f" [{entry['ci_low']:+.3f}, {entry['ci_high']:+.3f}]" if entry["ci_low"] is not None else "")
     t_ci = (f"<br><span class='note'>t: [{entry['t_ci_low']:+.3f}, {entry['t_ci_high']:+.3f}]</span>"
             if entry["t_ci_low"] is not None else "")
-    return f"{entry['mean_diff']:+.3f}{ci} <span class='{css}'>{_e(entry['verdict'])}</span>{t_ci}"
+    detectable = format_detectable(entry)
+    detectable = f"<br><span class='note'>{_e(detectable)}</span>" if detectable else ""
+    return f"{entry['mean_diff']:+.3f}{ci} <span class='{css}'>{_e(entry['verdict'])}</span>{t_ci}{detectable}"
 
 
 def _statistics_section(summary: dict) -> str:
@@ -114,7 +116,10 @@ def _statistics_section(summary: dict) -> str:
              f"<p class='note'>Scores of each run's <code>{metric}</code> curve: <b>final</b> = "
              f"{_e(scores['final'])}; <b>best</b> = {_e(scores['best'])}; <b>AUC</b> = {_e(scores['auc'])}. "
              f"Cells: {_e(intervals['cells'])} (95%). Comparisons: {_e(intervals['comparisons'])}. "
-             f"Verdict: {_e(intervals['verdict'])}.</p>"]
+             f"Verdict: {_e(intervals['verdict'])}. "
+             f"<b>MDE</b> (minimum detectable effect) and seeds needed: {_e(intervals.get('detectable', ''))}. "
+             "A true effect as large as the MDE would have been detected in 80% of such experiments; "
+             "“no detectable difference” says little about smaller ones.</p>"]
     rows = [[_e(c["variant"]), _e(c["scenario"]), str(c["n"]), *(format_cell(c[s]) for s in SCORES)]
             for c in summary["cells"]]
     parts.append(_table(["variant", "scenario", "seeds", "final", "best", "AUC"], rows))
