@@ -76,7 +76,9 @@ def validate(cfg: Config) -> None:
     _check(algo.kl_coef >= 0, f"algorithm.kl_coef={algo.kl_coef} must be >= 0 (0 disables the KL term)")
     _check(algo.entropy_coef >= 0, f"algorithm.entropy_coef={algo.entropy_coef} must be >= 0 (0 disables the "
                                    "entropy bonus)")
-    _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1, or null for all cores")
+    _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1, or null for the CPUs "
+                                                "this process may use")
+    _check(t.log_every >= 1, f"trainer.log_every={t.log_every} must be >= 1 (a log line every N steps)")
     _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0: save only at the end and on "
                               "Ctrl-C)")
     _check(t.keep_checkpoints >= 0, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 0 (0: keep all)")
