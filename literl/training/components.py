@@ -27,12 +27,14 @@ from literl.rollout.collector import Collector, PromptStream
 from literl.rollout.generator import SamplingParams
 from literl.registry import ConfigError
 from literl.rollout.hf_engine import HFEngine
-from literl.training.console import Console
+from literl.provenance import default_threads
+from literl.training.console import Console, LoadWatch
 from literl.training.evaluation_hook import build_evaluator
 from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
 from literl.training.optim import build_optimizer
 from literl.training.problems import training_problems
+from literl.training.run_record import Inputs, config_header, record_inputs, write_run_record
 from literl.training.shared_prompts import matches_plain_forward, prefill_by_layers, runs_layer_by_layer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -71,11 +73,14 @@ class RunComponents:
 def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None, tokenizer=None,
                      problems: Sequence[dict] | str | None = None,
                      reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
+    # What Python passed in that a config can name goes into the config; run.json describes the rest.
+    cfg, inputs = record_inputs(cfg, model=model, tokenizer=tokenizer, problems=problems, reward_fns=reward_fns)
     cfg = resolve(cfg, external_model=model is not None)
-    console = console or Console(cfg.trainer.progress)
+    threads = cfg.trainer.threads or default_threads()
+    console = console or Console(cfg.trainer.progress, plain_every=cfg.trainer.log_every,
+                                 watch=LoadWatch(threads=threads))
     _quiet_hugging_face()
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
+    torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
     device = _device(cfg.trainer.device)
     if cfg.trainer.retain_host_memory and device.type == "cpu":
@@ -125,7 +130,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     evaluator = build_evaluator(cfg, tokenizer=tokenizer, testbed=data.is_testbed)
     # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
     # the corrected command starts afresh instead of being told to resume.
-    _write_run_config(run_dir, cfg)
+    _write_run_config(run_dir, cfg, inputs)
     log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(_as_dict(cfg), default=str)),
                      run_name=run_dir.name)
     diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
@@ -169,8 +174,8 @@ def _check_run_dir(cfg: Config, console: Console) -> Path:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path("runs") / f"{cfg.preset or 'custom'}-{stamp}"
     config_path = run_dir / "config.yaml"
-    # A lone config.yaml is what a start that failed while loading left behind (before it was written last).
-    if run_dir.exists() and any(entry.name != "config.yaml" for entry in run_dir.iterdir()):
+    # A lone config.yaml (+ run.json) is what a start that failed while loading left behind.
+    if run_dir.exists() and any(entry.name not in ("config.yaml", "run.json") for entry in run_dir.iterdir()):
         if not cfg.trainer.resume:
             raise FileExistsError(
                 f"run directory {run_dir} already holds a run. Continue it with trainer.resume=true, or choose "
@@ -180,9 +185,10 @@ def _check_run_dir(cfg: Config, console: Console) -> Path:
     return run_dir
 
 
-def _write_run_config(run_dir: Path, cfg: Config) -> None:
+def _write_run_config(run_dir: Path, cfg: Config, inputs: Inputs) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
+    write_text_atomic(run_dir / "config.yaml", config_header(inputs) + to_yaml(cfg))
+    write_run_record(run_dir, inputs, resume=cfg.trainer.resume)
     if not cfg.trainer.output_dir:
         _point_latest(run_dir)
 
@@ -200,7 +206,7 @@ def _point_latest(run_dir: Path) -> None:
 def _warn_config_changes(old: Config, new: Config, console: Console) -> None:
     old_d, new_d = _flatten(_as_dict(old)), _flatten(_as_dict(new))
     ignored = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.output_dir", "trainer.threads",
-               "trainer.compile", "eval.")
+               "trainer.compile", "eval.", "trainer.log_every")
     changed = [k for k in sorted(set(old_d) | set(new_d))
                if old_d.get(k) != new_d.get(k) and not k.startswith(ignored)]
     if changed:
