@@ -144,13 +144,14 @@ def _replace(cfg: Config, section: str, **changes) -> Config:
 
 # ---------------------------------------------------------------------------------------------- run.json
 def write_run_record(run_dir: Path, inputs: Inputs, *, resume: bool) -> dict:
-    """Write run.json: a new record for a new run, one more session for a resumed one."""
+    """Write run.json: a new record for a new run, one more session for a resumed one (`resume` asked for and
+    a record there to continue; the session's "resume" says whether there was)."""
     path = Path(run_dir) / RUN_RECORD
     sessions = []
     if resume:
         previous = read_run_record(run_dir)
         sessions = list(previous.get("sessions", [])) if previous else []
-    sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "resume": resume,
+    sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "resume": bool(sessions),
                      "inputs": inputs.described, "not_replayable": inputs.missing, "provenance": provenance()})
     missing = [m for s in sessions for m in s["not_replayable"]]
     record = {"format": FORMAT, "replayable": not missing, "not_replayable": _unique(missing), "sessions": sessions}
