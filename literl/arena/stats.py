@@ -46,6 +46,7 @@ HELPS, HURTS, NO_DIFFERENCE, TOO_FEW = "helps", "hurts", "no detectable differen
 SCORES = ("final", "best", "auc")
 DETECT_ALPHA, DETECT_POWER = 0.05, 0.80
 MAX_SEEDS_NEEDED = 100_000     # beyond this "seeds needed" is reported as None (effectively undetectable)
+FLOAT_NOISE = 1e-12            # a mean difference this small is rounding (e.g. 0.51 − 0.5 − 0.01), not an effect
 DETECTION_METHOD = (f"paired t, alpha = {DETECT_ALPHA} two-sided, power {DETECT_POWER:.0%}: "
                     "MDE = (t_{1-alpha/2, n-1} + t_{power, n-1}) * s_d / sqrt(n), s_d the std of the paired "
                     "differences; seeds_needed: the smallest n whose MDE at this s_d is <= |mean difference| "
@@ -167,9 +168,10 @@ def minimum_detectable_effect(diffs: Sequence[float], alpha: float = DETECT_ALPH
 
 def seeds_needed(effect: float | None, sd: float, alpha: float = DETECT_ALPHA, power: float = DETECT_POWER,
                  max_n: int = MAX_SEEDS_NEEDED) -> int | None:
-    """The smallest n ≥ 2 with (t_{1−α/2, n−1} + t_{power, n−1}) · sd/√n ≤ |effect|; None when the effect is
-    0 (or missing) or more than `max_n` would be needed. sd = 0 and effect ≠ 0: 2."""
-    if effect is None or effect == 0 or not math.isfinite(effect) or not math.isfinite(sd):
+    """The smallest n ≥ 2 with (t_{1−α/2, n−1} + t_{power, n−1}) · sd/√n ≤ |effect|; None when the effect
+    is 0 (or missing, or float noise: |effect| ≤ 1e-12) or more than `max_n` would be needed. sd = 0 and
+    effect ≠ 0: 2."""
+    if effect is None or not math.isfinite(effect) or abs(effect) <= FLOAT_NOISE or not math.isfinite(sd):
         return None
     if sd == 0:
         return 2

@@ -161,7 +161,8 @@ def format_detectable(entry: dict) -> str:
         return ""
     needed = entry.get("seeds_needed")
     if needed is None:
-        need = "Δ = 0" if not entry.get("mean_diff") else f"> {stats.MAX_SEEDS_NEEDED:,} seeds for Δ"
+        small = abs(entry.get("mean_diff") or 0.0) <= stats.FLOAT_NOISE
+        need = "Δ = 0" if small else f"> {stats.MAX_SEEDS_NEEDED:,} seeds for Δ"
     else:
         need = f"{needed} seeds for Δ"
     return f"MDE {mde:.3f}, {need}"
