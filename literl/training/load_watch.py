@@ -72,10 +72,11 @@ def oversubscription(*, threads: int, cpus_available: int, machine_cpus: int, lo
 
 
 def step_cost(metrics: dict) -> float | None:
-    """Seconds per generated token of one step (time/step when the throughput is missing)."""
+    """Seconds per generated token of one step (None for a step that generated nothing); time/step for
+    metrics without a throughput at all (then every step is measured alike)."""
     rate = metrics.get("throughput/generated_tokens_per_s")
-    if isinstance(rate, (int, float)) and rate > 0:
-        return 1.0 / rate
+    if rate is not None:
+        return 1.0 / rate if isinstance(rate, (int, float)) and rate > 0 else None
     seconds = metrics.get("time/step")
     return float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
 

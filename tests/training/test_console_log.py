@@ -111,3 +111,11 @@ def test_the_watch_warns_once_on_the_console():
     warnings = [line for line in stream.getvalue().splitlines() if "warning" in line]
     assert len(warnings) == 1 and "load average is 5.0 on 2 CPUs" in warnings[0]
     assert watch.costs == [0.01] * 5
+
+
+def test_a_step_that_generated_nothing_is_not_a_cost():
+    from literl.training.load_watch import step_cost
+
+    assert step_cost({"throughput/generated_tokens_per_s": 200.0, "time/step": 3.0}) == 0.005
+    assert step_cost({"throughput/generated_tokens_per_s": 0.0, "time/step": 3.0}) is None
+    assert step_cost({"time/step": 3.0}) == 3.0
