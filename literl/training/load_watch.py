@@ -64,11 +64,15 @@ def oversubscription(*, threads: int, cpus_available: int, machine_cpus: int, lo
                      f"run's earlier steps")
     if not signs:
         return None
-    fewer = max(1, min(threads, cpus_available) // 2)
+    if threads > 1:
+        advice = (f"Stop the other work, or give this run fewer threads than the free cores (trainer.threads="
+                  f"{max(1, min(threads, cpus_available) // 2)}; ablations: --jobs × threads per run at most the "
+                  "cores)")
+    else:
+        advice = "This run already uses one thread: stop the other work, or run fewer jobs at once"
     return ("the CPUs look oversubscribed: " + "; ".join(signs) + ". torch's threads wait for each other at "
-            "every parallel operation, so competing work slows every step (5-8× has been seen). Stop the other "
-            f"work, or give this run fewer threads than the free cores (trainer.threads={fewer}; ablations: "
-            "--jobs × threads per run at most the cores). This warning is shown once per run.")
+            "every parallel operation, so competing work slows every step (5-8× has been seen). " + advice
+            + ". This warning is shown once per run.")
 
 
 def step_cost(metrics: dict) -> float | None:

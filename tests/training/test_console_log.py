@@ -98,6 +98,11 @@ def test_more_threads_than_allowed_cpus_is_oversubscription_at_once():
     assert "trainer.threads=8 exceeds the 2 CPUs this process may use" in message
 
 
+def test_a_single_threaded_run_is_not_told_to_use_fewer_threads():
+    message = quiet(threads=1, load_1min=3.5)
+    assert "trainer.threads=" not in message and "already uses one thread" in message
+
+
 def test_the_watch_warns_once_on_the_console():
     """The load rises to 5 after two minutes: one warning, not one per step."""
     loads = iter([2.0, 2.0, 5.0, 5.0, 5.0])
