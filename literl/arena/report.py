@@ -4,7 +4,8 @@ for an ablation or for plain runs.
 Sections: setup; statistics (cells, paired comparisons with verdicts, per-run scores, missing runs);
 learning curves with seed bands (held-out accuracy, reward, entropy, response length, clip fractions,
 truncation rate, group reward std); mechanism diagnostics (clipped tokens, repetition of truncated
-responses, reward std by difficulty tier, IS-weight decomposition, entropy).
+responses, reward std by difficulty tier, IS-weight decomposition, entropy). With an export folder the same
+figures are also written as PDF, SVG and PNG and the tables as CSV and LaTeX.
 """
 
 from __future__ import annotations
