@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from literl.training.metrics import scalars
+from literl.metric_reduction import scalars
 from literl.tricks import ALL
 
 HERE = Path(__file__).resolve().parent
