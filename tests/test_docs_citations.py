@@ -19,8 +19,8 @@ HEADING = re.compile(r"^#{1,6}[ \t]+(\d+(?:\.\d+)*)\.?[ \t]", re.M)
 ONE = r"§\s?\d+(?:\.\d+)*(?:\s?[–-]\s?\d+(?:\.\d+)*)?"
 # "algorithms.md §2.2–2.4", "algorithms.md §3, §9.7", "algorithms.md §1.1 and §1.4"
 CITED = re.compile(rf"algorithms\.md\s?({ONE}(?:\s?(?:,|and|;)\s?{ONE})*)")
-# A bare "§N" in code and tests means algorithms.md when it opens a parenthesis or follows a comma or semicolon
-# ("(§1.7)", "(§2.8, §9.8)"); a § after a word cites something else ("style.md §3.5", "LitePPO §4.3", "paper §5").
+# A bare "§N" in code and tests means algorithms.md when it opens a parenthesis, a comment, or follows a comma or a
+# semicolon ("(§1.7)", "(§2.8, §9.8)"); a § after a word cites something else ("style.md §3.5", "LitePPO §4.3").
 BARE = re.compile(rf"(?:^|[(,;#])[ \t]*({ONE})", re.M)
 ITEM = re.compile(r"§\s?(\d+(?:\.\d+)*)(?:\s?[–-]\s?(\d+(?:\.\d+)*))?")
 
