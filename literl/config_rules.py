@@ -18,6 +18,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "rollout.dtype": ("float32", "bfloat16"),
     "rollout.decode": ("auto", "static", "dynamic"),
+    "rollout.engine": ("hf", "vllm"),
     "optim.schedule": ("constant", "linear", "cosine"),
     "trainer.recompute_old_logp": ("auto", "always"),
     "trainer.device": ("auto", "cpu", "cuda"),
@@ -31,6 +32,19 @@ CHOICES = {
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
+
+
+def _check_vllm(v) -> None:
+    _check(v.weight_sync in ("auto", "file", "ipc"),
+           f"rollout.vllm.weight_sync={v.weight_sync!r} is not one of: auto, file, ipc")
+    _check(0 < v.gpu_memory_utilization <= 1,
+           f"rollout.vllm.gpu_memory_utilization={v.gpu_memory_utilization} must be in (0, 1]")
+    _check(v.kv_cache_gib is None or v.kv_cache_gib > 0,
+           f"rollout.vllm.kv_cache_gib={v.kv_cache_gib} must be > 0, or null for the default")
+    _check(v.tensor_parallel_size >= 1, f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size} must be >= 1")
+    _check(v.max_model_len is None or v.max_model_len >= 2,
+           f"rollout.vllm.max_model_len={v.max_model_len} must be >= 2, or null for the model's own")
+    _check(v.start_timeout_s > 0, f"rollout.vllm.start_timeout_s={v.start_timeout_s} must be > 0")
 
 
 def validate(cfg: Config) -> None:
@@ -96,6 +110,8 @@ def validate(cfg: Config) -> None:
     for tracker in t.trackers:
         _check(tracker in ("tensorboard", "wandb"), f"trainer.trackers: unknown tracker '{tracker}' "
                                                      "(valid: tensorboard, wandb)")
+
+    _check_vllm(r.vllm)
 
     # Combinations that silently do the wrong thing in other frameworks.
     _check(not (algo.policy_loss.name == "minirl" and algo.is_correction.name != "none"),

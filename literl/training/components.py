@@ -65,6 +65,8 @@ class RunComponents:
         write_json_atomic(self.run_dir / "summary.json", summary)
         self.diagnostics.write(self.run_dir / "diagnostics.json")
         self.log.close()
+        if hasattr(self.engine, "close"):      # an engine in its own process (rollout.engine=vllm)
+            self.engine.close()
         self.console.summary(self.run_dir, eval_results, wall)
 
 
@@ -91,11 +93,17 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     template = "raw" if data.is_testbed else cfg.data.template
     objective = Objective.from_config(cfg)
     pad_id = pad_token_id(tokenizer)
-    engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
-                      dtype=DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None,
-                      decode=cfg.rollout.decode, compile=cfg.rollout.compile,
-                      record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
-                      prefill_fn=_prefill_fn(cfg, policy))
+    if cfg.rollout.engine == "vllm":
+        from literl.rollout.vllm_engine import engine_from_config
+
+        engine = engine_from_config(cfg, policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
+                                    console=console)
+    else:
+        engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
+                          dtype=DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None,
+                          decode=cfg.rollout.decode, compile=cfg.rollout.compile,
+                          record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
+                          prefill_fn=_prefill_fn(cfg, policy))
     reference = None
     if objective.needs_reference:
         reference = _reference_model(cfg, policy, device)
