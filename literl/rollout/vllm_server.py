@@ -42,7 +42,7 @@ class EngineServer:
         import vllm
 
         return {"protocol": PROTOCOL, "vllm_version": vllm.__version__, "torch_version": torch.__version__,
-                "pid": os.getpid()}
+                "pid": os.getpid(), "threads": torch.get_num_threads()}
 
     def generate(self, payload: dict) -> list[list[tuple]]:
         """One vLLM request per (prompt, n, seed); per request, its n samples as (token ids, log-probs, finish

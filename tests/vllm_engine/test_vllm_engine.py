@@ -180,3 +180,43 @@ def test_a_failed_start_names_the_log_and_the_fix(tmp_path):
     assert str(log) in message and "./run.sh vllm-setup" in message
     assert "No module named 'vllm'" in log.read_text()
     assert {name for name in os.listdir(root) if name.startswith("literl-vllm-")} <= before
+
+
+def test_the_engine_runs_in_its_own_session_so_the_terminals_ctrl_c_reaches_only_the_trainer(session_engine):
+    """Ctrl-C in a terminal signals the foreground process group: the trainer finishes its step, saves and then
+    stops the engine itself; the engine, in a session of its own, is never interrupted mid-generation."""
+    pid = session_engine.engine.process.proc.pid
+    assert os.getsid(pid) == pid != os.getsid(0)
+
+
+def test_the_engine_process_exits_when_the_trainer_dies(tmp_path):
+    """A trainer killed before it could stop its engine: the engine notices its parent is gone and exits (here
+    while it still waits for the trainer to connect, before vLLM is even imported)."""
+    import subprocess
+    import sys
+    import time
+
+    parent = (
+        "import json, os, subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-m', 'literl.rollout.vllm_server'], stdin=subprocess.PIPE,\n"
+        "                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)\n"
+        f"spec = {{'address': {str(tmp_path / 'engine.sock')!r}, 'authkey': '00' * 32, 'parent_pid': os.getpid(),\n"
+        "        'model': '', 'llm_kwargs': {}}\n"
+        "child.stdin.write((json.dumps(spec) + '\\n').encode()); child.stdin.flush()\n"
+        "print(child.pid, flush=True)\n"
+        "os._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True, timeout=60)
+    child = int(out.stdout.strip())
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False

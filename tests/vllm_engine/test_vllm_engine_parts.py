@@ -97,3 +97,20 @@ def test_engine_keys_load_check_and_explain():
     for key in ("rollout.engine", "rollout.vllm.kv_cache_gib", "rollout.vllm.gpu_memory_utilization",
                 "rollout.vllm.tensor_parallel_size", "rollout.vllm.enforce_eager", "rollout.vllm.extra"):
         assert key in text
+
+
+def test_the_shipped_is_correction_ablation_varies_only_minirls_train_infer_weight():
+    """vllm_is_correction: MiniRL with and without π_old/μ_old, on the vLLM bf16 engine and on literl's bf16
+    engine; every config loads (the runner checks them before anything runs)."""
+    from literl.arena.spec import check_configs, load_spec, resolve_spec_path
+
+    spec = load_spec("vllm_is_correction")
+    assert spec.preset == "minirl" and spec.paper_finding and spec.description
+    assert "arXiv 2512.01374" in resolve_spec_path("vllm_is_correction").read_text()
+    assert "rollout.dtype=bfloat16" in spec.base
+    assert {arm.name: arm.overrides for arm in spec.variants} == {
+        "with_is": ("algorithm.policy_loss.params.train_infer_is=true",),
+        "without_is": ("algorithm.policy_loss.params.train_infer_is=false",)}
+    assert {arm.name: arm.overrides for arm in spec.scenarios} == {
+        "vllm_bf16": ("rollout.engine=vllm",), "literl_bf16": ("rollout.engine=hf",)}
+    assert len(check_configs(spec)) == 4
