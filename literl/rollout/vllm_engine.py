@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import tempfile
 import time
 from typing import Any, Sequence
@@ -81,19 +82,23 @@ class VllmEngine:
         if not self.on_gpu:
             _check_cpu_head_size(config)
         self.last_sync: dict[str, float] = {}
-        self._sizes = None
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.work_dir = tempfile.mkdtemp(prefix="literl-vllm-", dir=shm)
-        model_dir = os.path.join(self.work_dir, "model")
-        self._save_model(policy, model_dir)
+        python = engine_python(python)
         llm_kwargs = self._llm_kwargs(seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                                       kv_cache_gib=kv_cache_gib, tensor_parallel_size=tensor_parallel_size,
                                       enforce_eager=enforce_eager, max_model_len=max_model_len,
                                       extra_args=extra_args or {})
+        # The model folder, each sync's weights file and the socket live in memory (/dev/shm) where there is one.
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.work_dir = tempfile.mkdtemp(prefix="literl-vllm-", dir=shm)
+        model_dir = os.path.join(self.work_dir, "model")
+        try:
+            self._save_model(policy, model_dir)
+        except BaseException:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            raise
         start = time.perf_counter()
-        self.process = EngineProcess(engine_python(python), model_dir=model_dir, llm_kwargs=llm_kwargs,
-                                     work_dir=self.work_dir, log_path=log_path, start_timeout_s=start_timeout_s,
-                                     env=_engine_env(env))
+        self.process = EngineProcess(python, model_dir=model_dir, llm_kwargs=llm_kwargs, work_dir=self.work_dir,
+                                     log_path=log_path, start_timeout_s=start_timeout_s, env=_engine_env(env))
         self.start_seconds = time.perf_counter() - start
         if self.process.info.get("protocol") != PROTOCOL:
             self.close()

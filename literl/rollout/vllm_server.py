@@ -145,7 +145,12 @@ def main() -> int:
     conn.send(("ready", server.info()))
     print("[literl] vLLM engine ready", flush=True)
     serve(conn, server)
-    return 0
+    print("[literl] vLLM engine stopping", flush=True)
+    try:
+        server.llm.llm_engine.engine_core.shutdown()     # its workers, where it has worker processes
+    finally:
+        # The interpreter's own teardown of vLLM and torch takes ~5 s and releases nothing the OS would not.
+        os._exit(0)
 
 
 if __name__ == "__main__":
