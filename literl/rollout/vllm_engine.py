@@ -47,6 +47,8 @@ class VllmEngine:
     (see `vllm_process.engine_python`). `kv_cache_gib`: KV-cache memory (on CPU it defaults to 1 GiB; on GPU, to
     what `gpu_memory_utilization` leaves). `weight_sync`: auto | file | ipc. `extra_args` go to `vllm.LLM` as
     they are. `log_path`: the engine's log (default: a new file in the temp folder, kept after the run).
+    `threads`: the engine's torch threads (default: torch's, all cores); the engine and the trainer take turns, so
+    each may use every core. `env`: more environment variables for the engine process.
     """
 
     def __init__(self, policy: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_id: int,
@@ -54,7 +56,8 @@ class VllmEngine:
                  gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None,
                  tensor_parallel_size: int = 1, enforce_eager: bool = True, max_model_len: int | None = None,
                  extra_args: dict[str, Any] | None = None, weight_sync: str = "auto", return_routes: bool = False,
-                 log_path: str | None = None, start_timeout_s: float = 600.0, env: dict[str, str] | None = None):
+                 log_path: str | None = None, start_timeout_s: float = 600.0, threads: int | None = None,
+                 env: dict[str, str] | None = None):
         self.eos_token_ids = sorted(set(int(t) for t in eos_token_ids))
         if not self.eos_token_ids:
             raise ValueError("VllmEngine needs at least one EOS token id to know when a response ends")
@@ -98,7 +101,7 @@ class VllmEngine:
             raise
         start = time.perf_counter()
         self.process = EngineProcess(python, model_dir=model_dir, llm_kwargs=llm_kwargs, work_dir=self.work_dir,
-                                     log_path=log_path, start_timeout_s=start_timeout_s, env=_engine_env(env))
+                                     log_path=log_path, start_timeout_s=start_timeout_s, env=_engine_env(env, threads))
         self.start_seconds = time.perf_counter() - start
         if self.process.info.get("protocol") != PROTOCOL:
             self.close()
@@ -227,7 +230,7 @@ def engine_from_config(cfg, policy: torch.nn.Module, *, eos_token_ids: Sequence[
                         seed=cfg.seed, gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gib=v.kv_cache_gib,
                         tensor_parallel_size=v.tensor_parallel_size, enforce_eager=v.enforce_eager,
                         max_model_len=v.max_model_len, extra_args=dict(v.extra), weight_sync=v.weight_sync,
-                        return_routes=return_routes, start_timeout_s=v.start_timeout_s)
+                        return_routes=return_routes, start_timeout_s=v.start_timeout_s, threads=cfg.trainer.threads)
     if console is not None:
         console.note(f"vLLM {engine.process.info.get('vllm_version', '?')} engine ready in {engine.start_seconds:.0f} s "
                      f"(log: {engine.log_path})")
@@ -307,11 +310,14 @@ def _check_cpu_head_size(config) -> None:
                          "head size 16; 'base' and 'aligned' have 32)")
 
 
-def _engine_env(extra: dict[str, str] | None) -> dict[str, str]:
+def _engine_env(extra: dict[str, str] | None, threads: int | None) -> dict[str, str]:
     """The engine process's environment additions: vLLM's engine core in the server process itself (one process
-    less, and no copy of every output between two processes), unless the caller says otherwise."""
+    less, and no copy of every output between two processes) unless the environment says otherwise; the thread
+    count asked for (as trainer.threads sets the trainer's); then the caller's own."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
     env = {k: v for k, v in env.items() if k not in os.environ}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(int(threads))
     env.update(extra or {})
     return env
 
