@@ -101,7 +101,7 @@ class VllmEngine:
             raise
         start = time.perf_counter()
         self.process = EngineProcess(python, model_dir=model_dir, llm_kwargs=llm_kwargs, work_dir=self.work_dir,
-                                     log_path=log_path, start_timeout_s=start_timeout_s, env=_engine_env(env, threads))
+                                     log_path=log_path, start_timeout_s=start_timeout_s, env=_engine_env(env, threads, enforce_eager))
         self.start_seconds = time.perf_counter() - start
         if self.process.info.get("protocol") != PROTOCOL:
             self.close()
@@ -310,11 +310,17 @@ def _check_cpu_head_size(config) -> None:
                          "head size 16; 'base' and 'aligned' have 32)")
 
 
-def _engine_env(extra: dict[str, str] | None, threads: int | None) -> dict[str, str]:
+def _engine_env(extra: dict[str, str] | None, threads: int | None, eager: bool) -> dict[str, str]:
     """The engine process's environment additions: vLLM's engine core in the server process itself (one process
     less, and no copy of every output between two processes) unless the environment says otherwise; the thread
-    count asked for (as trainer.threads sets the trainer's); then the caller's own."""
+    count asked for (as trainer.threads sets the trainer's); then the caller's own.
+
+    An eager engine also runs vLLM's few `torch.compile`d helpers (the sampler's rank count, top-k/top-p) eagerly:
+    compiling them cost 20 s on the first generate with a cold inductor cache, and each later call ~1.5 s of
+    guards and recompiles for new batch sizes, on the tests' model (0.4 s and 0.2 s without, same results)."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+    if eager:
+        env["TORCHDYNAMO_DISABLE"] = "1"
     env = {k: v for k, v in env.items() if k not in os.environ}
     if threads:
         env["OMP_NUM_THREADS"] = str(int(threads))
