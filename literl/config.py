@@ -41,7 +41,8 @@ def trick(name: str, **params) -> TrickSpec:
 class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory (or hub id when the hub is reachable). "
                                   "null: the embedded testbed model")
-    testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro")
+    testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro | moe (a tiny "
+                                "Qwen3-MoE, 8 experts, 2 per token, warmed up like base: docs/testbed.md)")
     dtype: str = knob("float32", "training precision: float32 | bfloat16")
     reference: str | None = knob(None, "reference model for KL; null: a frozen copy of the starting policy")
 

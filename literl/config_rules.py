@@ -28,7 +28,7 @@ CHOICES = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "data.template": ("auto", "plain", "chat", "raw"),
     "data.difficulty": ("easy", "medium", "hard", "mixed"),
-    "model.testbed": ("base", "aligned", "micro"),
+    "model.testbed": ("base", "aligned", "micro", "moe"),
     "algorithm.aggregation_normaliser": ("global", "local"),
 }
 
