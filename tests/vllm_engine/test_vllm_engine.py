@@ -1,6 +1,7 @@
-"""The vLLM engine against the trainer's own numbers, on a real engine (no mocks): the sampled tokens' log-probs
-equal `token_logprobs` of the same model in float32, a seed repeats its tokens, a weight sync after an optimizer
-step restores parity (stale prefix cache, tied head), and the trainer's process keeps its threads and RNG."""
+"""The vLLM engine against the trainer's own numbers, on a real engine (no mocks): the sampled tokens'
+log-probs equal the trainer's (`PolicyForward.token_logprobs`) for the same model in float32, a seed repeats its
+tokens, a weight sync after an optimizer step restores parity (stale prefix cache, tied head), and the trainer's
+process keeps its threads and RNG."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import os
 import pytest
 import torch
 
+from literl.model import PolicyForward
 from literl.rollout.generator import SamplingParams
-from literl.training.logprobs import token_logprobs
 from tests.vllm_engine.conftest import EOS_IDS, PAD_ID, vllm_tiny_qwen3
 
 TOLERANCE = 1e-4
@@ -36,7 +37,8 @@ def trainer_logprobs(model, prompts, generation, temperature: float) -> torch.Te
         tokens_BL[b, :len(prompt)] = torch.tensor(prompt)
         tokens_BL[b, len(prompt):len(prompt) + lengths_B[b]] = ids_BT[b, :lengths_B[b]]
     with torch.no_grad():
-        logp_BT, _ = token_logprobs(model, tokens_BL, prompt_len_B, T, temperature=temperature, mask_BT=mask_BT)
+        logp_BT, _ = PolicyForward(model, temperature=temperature).token_logprobs(tokens_BL, prompt_len_B, T,
+                                                                                  mask_BT=mask_BT)
     return logp_BT
 
 

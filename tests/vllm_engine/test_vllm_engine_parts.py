@@ -71,6 +71,20 @@ def test_routes_on_cpu_are_refused_at_construction_naming_the_limitation():
         VllmEngine(build_tiny_qwen3(head_dim=32), eos_token_ids=[1], pad_id=0, return_routes=True)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="routes are available on GPU")
+def test_r3_with_the_vllm_engine_on_cpu_is_a_config_error():
+    from literl.rollout.vllm_engine import engine_from_config
+
+    cfg = load_config(overrides=["rollout.engine=vllm", "algorithm.routing_replay=r3"])
+    with pytest.raises(ConfigError, match="rollout.engine=vllm: routed experts.*not available on CPU"):
+        engine_from_config(cfg, build_tiny_qwen3(head_dim=32), eos_token_ids=[1], pad_id=0)
+
+
+def test_an_fp8_rollout_with_the_vllm_engine_is_a_config_error():
+    with pytest.raises(ConfigError, match="rollout.engine=vllm runs rollout.dtype=float32 or bfloat16"):
+        load_config(overrides=["rollout.engine=vllm", "rollout.dtype=float8_e4m3"])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the head-size limit is vLLM's CPU attention's")
 def test_a_head_size_without_a_cpu_kernel_is_refused_before_starting():
     with pytest.raises(ValueError, match="head sizes 32, 64.*this model's is 16.*rollout.engine=hf"):
