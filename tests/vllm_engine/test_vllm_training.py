@@ -1,6 +1,6 @@
 """`literl train rollout.engine=vllm` on a real engine: the loop runs unchanged, every step's rollout log-probs
-come from vLLM and, in float32, agree with the trainer's after each weight sync; the slow test checks that the
-testbed learns with the bfloat16 engine and that its mismatch is measured."""
+come from vLLM and, in float32, agree with the trainer's after each weight sync; the slow test checks that a
+policy learns through the bfloat16 engine and that its mismatch is measured."""
 
 from __future__ import annotations
 
@@ -48,16 +48,19 @@ def test_five_steps_with_the_vllm_engine_log_the_mismatch_decomposition(vllm_pyt
 
 
 @pytest.mark.slow
-def test_the_testbed_learns_with_the_bfloat16_vllm_engine(vllm_python, tmp_path):
-    """The base testbed (built on first use, ~4 min) with the bf16 engine, 30 steps of lite_ppo: the mean reward
-    of the last 5 steps beats the first 5, and the engine's bf16 numerics show as a nonzero ti/ gap."""
+def test_reward_rises_with_the_bfloat16_vllm_engine(vllm_python, head32_model_dir, tmp_path):
+    """20 lite_ppo steps sampling with the bf16 engine, training in float32, on a reward the random policy can
+    learn fast (response length, up to 100 characters): the mean reward of the last 5 steps beats the first 5 by
+    a clear margin, and the engine's bf16 numerics show as a nonzero training–inference gap every step."""
     out = tmp_path / "run"
-    code = main(["train", f"trainer.output_dir={out}", "trainer.steps=30", "eval.every=0", "eval.before=false",
-                 "eval.limit=50", "trainer.progress=false", "rollout.engine=vllm", "rollout.dtype=bfloat16",
-                 f"rollout.vllm.python={vllm_python}"])
+    code = main(["train", f"model.path={head32_model_dir}", f"trainer.output_dir={out}", "trainer.steps=20",
+                 "rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.max_new_tokens=48", "data.size=256",
+                 "optim.lr=3e-3", "eval.before=false", "eval.every=0", "eval.limit=8", "eval.samples=1",
+                 "trainer.progress=false", "reward.fns.0.fn=tests.rewards.sample_reward_fns:length_bonus",
+                 "rollout.engine=vllm", "rollout.dtype=bfloat16", f"rollout.vllm.python={vllm_python}"])
     assert code == 0
     rows = read_metrics(out)
     first = sum(row["reward/mean"] for row in rows[:5]) / 5
     last = sum(row["reward/mean"] for row in rows[-5:]) / 5
-    assert last > first + 0.03
-    assert min(row["ti/abs_logdiff_max"] for row in rows) > 1e-3
+    assert last > first + 0.05, (first, last)
+    assert min(row["ti/abs_logdiff_max"] for row in rows) > 1e-4
