@@ -66,7 +66,10 @@ class EngineProcess:
 
     def __init__(self, python: str, *, model_dir: str, llm_kwargs: dict, work_dir: str, log_path: str | None,
                  env: dict[str, str] | None = None, start_timeout_s: float = 600.0):
-        self.log_path = log_path or tempfile.mkstemp(prefix="literl-vllm-", suffix=".log")[1]
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="literl-vllm-", suffix=".log")
+            os.close(fd)
+        self.log_path = log_path
         address = os.path.join(work_dir, "engine.sock")
         authkey = secrets.token_bytes(32)
         spec = {"model": model_dir, "llm_kwargs": llm_kwargs, "address": address, "authkey": authkey.hex(),
@@ -84,8 +87,11 @@ class EngineProcess:
         self._finalizer = weakref.finalize(self, _stop, self.proc, None, work_dir)
         self.info: dict[str, Any] = {}
         try:
-            self.proc.stdin.write((json.dumps(spec) + "\n").encode())
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.write((json.dumps(spec) + "\n").encode())
+                self.proc.stdin.close()
+            except OSError as error:
+                raise VllmEngineError(self._failure("exited before reading its settings")) from error
             self.conn = self._connect(address, authkey, start_timeout_s)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _stop, self.proc, self.conn, work_dir)
@@ -104,6 +110,12 @@ class EngineProcess:
             if time.monotonic() > deadline:
                 raise VllmEngineError(self._failure(f"did not open its socket within {timeout_s:.0f} s"))
             time.sleep(0.05)
+        for attempt in range(50):       # the socket file appears at bind, a moment before the server listens
+            try:
+                return Client(address, family="AF_UNIX", authkey=authkey)
+            except ConnectionRefusedError:
+                self._check_alive("start")
+                time.sleep(0.05)
         return Client(address, family="AF_UNIX", authkey=authkey)
 
     def _receive(self, timeout_s: float | None, operation: str):
