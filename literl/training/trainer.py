@@ -102,7 +102,9 @@ class Trainer:
         metrics.update(prep_metrics)
         with timer("update"):
             metrics.update(self._update(train))
-        p.engine.sync_weights(p.policy)
+        with timer("sync"):
+            # An engine with its own copy of the weights reports what the sync moved (e.g. sync/bytes).
+            metrics.update(p.engine.sync_weights(p.policy) or {})
         metrics.update(p.policy_forward.take_metrics())
         metrics.update(p.diagnostics.observe_rollout(batch))
         p.log.log_samples(self.step + 1, _samples(batch, cfg.trainer.log_samples))
