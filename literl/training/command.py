@@ -107,8 +107,8 @@ def _resumed_config(cfg, config_file: str | None) -> _SavedConfig | None:
     from literl.training.checkpoint import latest_checkpoint
 
     newest = latest_checkpoint(run_dir)
-    copy = newest / "config.yaml" if newest is not None and (newest / "config.yaml").is_file() else None
-    hint = (f"the newest checkpoint keeps the config it was written with: add --config {copy}" if copy else
+    kept = newest / "config.yaml" if newest is not None and (newest / "config.yaml").is_file() else None
+    hint = (f"the newest checkpoint keeps the config it was written with: add --config {kept}" if kept else
             "name the config the run used with --config FILE")
     raise ConfigError(f"cannot resume {run_dir}: its config.yaml {problem}, and without it the run would continue "
                       f"with other settings than it started with. To continue, {hint} (it then takes the place of "

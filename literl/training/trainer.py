@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import signal
 import time
@@ -129,7 +128,7 @@ class Trainer:
         so that the checkpoint written then is exactly the state after the previous step."""
         p = self.parts
         return {"rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
-                "diagnostics": copy.deepcopy(p.diagnostics.state_dict())}
+                "diagnostics": p.diagnostics.state_dict()}       # state_dict()s are fresh copies
 
     def _save_after_failure(self, err: Exception) -> None:
         """Best effort: a checkpoint of the last complete step, so that an exception (a full disk, out of
@@ -197,7 +196,7 @@ class Trainer:
         p.policy.train()
         for k, minibatch in enumerate(train.minibatches()):
             p.optimizer.zero_grad(set_to_none=True)
-            loss_tokens, step_loss = 0, torch.zeros(())
+            loss_tokens, step_loss = 0, 0.0
             for micro in p.objective.micro_batches(minibatch, cfg.trainer.micro_batch_tokens):
                 logp_BT, entropy_BT = token_logprobs(
                     p.policy, micro.tokens_BL.to(p.device), micro.prompt_len_B.to(p.device),
@@ -206,7 +205,7 @@ class Trainer:
                 out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT)
                 out.loss.backward()
                 loss_tokens += out.num_loss_tokens
-                step_loss = step_loss + out.loss.detach().float().cpu()
+                step_loss = step_loss + out.loss.detach().float()     # on the device: one sync per step
                 acc.add(out.metrics, weight=out.num_loss_tokens)
                 acc.add({f"staleness/ppo_kl_mb{k}": out.metrics.get("st/ppo_kl", 0.0)}, weight=out.num_loss_tokens)
                 mask = micro.mask_BT.to(p.device)

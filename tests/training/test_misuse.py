@@ -45,7 +45,8 @@ def _weights(folder):
     return out
 
 
-def varying_reward(response: str, example: dict) -> float:
+@time_bounded      # runs in-process: a worker process would first import this module (torch, transformers)
+def varying_reward(response: str, example: dict, *, timeout_s: float = 5.0) -> float:
     """Rewards that differ within groups even for a random model, so every step really updates."""
     return float(len(response) % 3 == 0)
 
