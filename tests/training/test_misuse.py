@@ -176,7 +176,7 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run_without_saving_na
 
 
 # ------------------------------------------------------------------------------------------ 4. crashes lose little
-def test_a_crash_mid_run_keeps_the_last_step_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
+def test_a_crash_mid_run_keeps_the_last_step_and_resumes_exactly(model_dir, finished_run, tmp_path, monkeypatch):
     """An exception in step 2 (here: out of memory in the rollout) used to leave nothing to resume from with the
     default settings. Now the state after step 1 is saved, and resuming gives the uninterrupted run's weights."""
     import literl.training.components as components
@@ -196,14 +196,13 @@ def test_a_crash_mid_run_keeps_the_last_step_and_resumes_exactly(model_dir, tmp_
         parts.collector.collect = collect
         return parts
 
-    straight = _train(model_dir, tmp_path / "straight", reward_fns=[varying_reward])
     monkeypatch.setattr(components, "build_components", build_failing_at_the_second_rollout)
     with pytest.raises(MemoryError):
         _train(model_dir, tmp_path / "crashed", reward_fns=[varying_reward])
     assert (tmp_path / "crashed/checkpoints/step_000001").is_dir()
     monkeypatch.setattr(components, "build_components", real_build)
     resumed = _resume(model_dir, tmp_path / "crashed")
-    a, b = _weights(straight / "final"), _weights(resumed / "final")
+    a, b = _weights(finished_run / "final"), _weights(resumed / "final")     # the same run, uninterrupted
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -211,10 +210,9 @@ def test_checkpoints_are_written_by_time_by_default(model_dir, tmp_path):
     from literl.config import TrainerConfig
 
     assert TrainerConfig().save_every == 0 and getattr(TrainerConfig(), "save_every_minutes", 0) > 0
-    out = _train(model_dir, tmp_path / "run", "trainer.steps=3", "trainer.save_every_minutes=1e-9",
-                 "trainer.keep_checkpoints=0", reward_fns=[varying_reward])
-    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000001", "step_000002",
-                                                                          "step_000003"]
+    out = _train(model_dir, tmp_path / "run", "trainer.save_every_minutes=1e-9", "trainer.keep_checkpoints=0",
+                 reward_fns=[varying_reward])
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
 
 
 @time_bounded
@@ -251,7 +249,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(model_dir, r
 def test_resume_refuses_a_missing_empty_or_unreadable_config_unless_told_which_to_use(model_dir, run_copy, capsys):
     """Before: a grpo run resumed without config.yaml silently continued as lite_ppo (the default preset), and
     an empty file as the bare defaults; the record of what ran was overwritten."""
-    resume = ["train", f"trainer.output_dir={run_copy}", "trainer.resume=true", "trainer.steps=3"]
+    resume = ["train", f"trainer.output_dir={run_copy}", "trainer.resume=true"]
     saved = run_copy / "config.yaml"
     started = from_yaml_file(saved)
     for damage, problem in ((saved.unlink, "is missing"), (lambda: saved.write_text(""), "is empty"),
@@ -266,7 +264,7 @@ def test_resume_refuses_a_missing_empty_or_unreadable_config_unless_told_which_t
     assert main(resume) == 2 and "config.yaml is not a readable literl config" in _console(capsys)
     assert main([*resume, "--config", str(run_copy / "checkpoints/step_000002/config.yaml")]) == 0
     resumed = from_yaml_file(saved)
-    assert resumed.preset == "grpo" and resumed.algorithm == started.algorithm and resumed.trainer.steps == 3
+    assert resumed.preset == "grpo" and resumed.algorithm == started.algorithm and resumed.rollout == started.rollout
 
 
 # ------------------------------------------------------------------------------------------ 7. disk space
