@@ -266,7 +266,8 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> dict:
     path = Path(path)
     state_file = path / "trainer_state.pt"
     try:
-        state = torch.load(state_file, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(_numpy_rng_globals()):
+            state = torch.load(state_file, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - pickle, zip and I/O errors come in many types
         raise CheckpointError(f"{state_file} cannot be read safely ({type(err).__name__}: "
                               f"{str(err).splitlines()[0][:200] if str(err) else 'no detail'})") from None
@@ -289,6 +290,18 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> dict:
         raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
                            f"unexpected {unexpected[:5]}; resume with the run's own model.path")
     return state
+
+
+def _numpy_rng_globals() -> list:
+    """What a numpy uint32 array needs to unpickle: checkpoints of earlier literl versions kept numpy's RNG state
+    as an array. Rebuilding an array runs no code (its elements go through the same restricted unpickler)."""
+    try:
+        from numpy._core.multiarray import _reconstruct     # numpy >= 2
+    except ImportError:
+        from numpy.core.multiarray import _reconstruct
+    # Named as numpy 1 and numpy 2 wrote it, so either version's checkpoints load under either.
+    names = ("numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct")
+    return [(_reconstruct, name) for name in names] + [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 def non_finite_parameters(model: torch.nn.Module) -> list[str]:

@@ -369,3 +369,17 @@ def test_the_summary_counts_the_steps_the_model_was_trained_for(model_dir, run_c
     _resume(model_dir, run_copy, "trainer.steps=1")
     assert json.loads((run_copy / "summary.json").read_text())["steps"] == 2
     assert "trainer.steps=1 is below the checkpoint's step 2" in _console(capsys)
+
+
+def test_a_checkpoint_of_the_previous_format_still_resumes(model_dir, run_copy, capsys):
+    """Checkpoints written before weights_only loading kept numpy's RNG state as an array: still readable."""
+    import numpy as np
+
+    path = run_copy / "checkpoints/step_000002/trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    kind, keys, position, has_gauss, cached = state["rng"]["numpy"]
+    state["rng"]["numpy"] = (kind, keys.numpy().astype(np.uint32), position, has_gauss, cached)
+    torch.save(state, path)
+    _resume(model_dir, run_copy, "trainer.steps=3")
+    assert "resumed from" in _console(capsys) and not (run_copy / "checkpoints/corrupt-step_000002").exists()
+    assert [r["step"] for r in read_metrics(run_copy)] == [1, 2, 3]
