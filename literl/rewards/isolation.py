@@ -106,16 +106,22 @@ class _Worker:
         self.ready = False
         self.loaded: set[str] = set()
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, within: float = math.inf) -> bool:
+        """Wait for the worker to start; False if it is still starting after `within` seconds (when that is
+        shorter than the start-up limit, past which the worker is killed and this raises)."""
         if self.ready:
-            return
-        if not self.conn.poll(WORKER_STARTUP_TIMEOUT_S):
+            return True
+        if within < WORKER_STARTUP_TIMEOUT_S:
+            if not self.conn.poll(max(0.0, within)):
+                return False
+        elif not self.conn.poll(WORKER_STARTUP_TIMEOUT_S):
             self.kill()
             raise RuntimeError(f"an isolated worker did not start within {WORKER_STARTUP_TIMEOUT_S:.0f} s")
         message = self.conn.recv()
         if message[0] != "ready":
             raise RuntimeError(f"an isolated worker failed to start: {message}")
         self.ready = True
+        return True
 
     def ensure_loaded(self, fn_path: str) -> None:
         """Import the function before its first timed call: importing a user's module (which may pull in
@@ -191,9 +197,13 @@ class IsolatedRunner:
         while pending or busy:
             for worker in self._idle_workers(busy, want=len(pending)):
                 index = pending.pop()
-                worker.wait_ready()                            # start-up is not part of the call's deadline
-                worker.ensure_loaded(fn_path)                  # nor is importing the function's module
-                if time.monotonic() >= overall:                # ... but the step's budget counts everything
+                # Start-up and importing the function's module are not part of a call's deadline, but the
+                # step's budget (`overall`) counts everything.
+                if not worker.wait_ready(within=overall - time.monotonic()):
+                    outcomes[index] = spent
+                    continue
+                worker.ensure_loaded(fn_path)
+                if time.monotonic() >= overall:
                     outcomes[index] = spent
                     continue
                 worker.conn.send((fn_path, args_list[index]))
