@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     except TrainingInterrupted:
         return 130                  # the trainer said where the checkpoint is
     except KeyboardInterrupt:
-        print("literl train: interrupted before the first training step finished; no checkpoint was written. "
-              "Run the same command again to start over.", file=sys.stderr)
+        print("literl train: interrupted before a training step finished, so nothing new was saved. Run the same "
+              "command again to start (or, with trainer.resume=true, continue) the run.", file=sys.stderr)
         return 130
     except (FileExistsError, FileNotFoundError, ConfigError, ValueError, DirectoryBusy, CheckpointError) as err:
         print(f"literl train: {err}", file=sys.stderr)

@@ -46,7 +46,7 @@ def test_ctrl_c_before_the_first_step_says_that_nothing_was_saved(tiny_qwen3_dir
 
     monkeypatch.setattr(components, "load_policy", interrupted_while_loading)
     assert main(_argv(tiny_qwen3_dir, tmp_path / "run")) == 130
-    assert "interrupted before the first training step" in capsys.readouterr().err
+    assert "interrupted before a training step finished, so nothing new was saved" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
