@@ -13,9 +13,9 @@ and kind, and training goes on. All the checks of one `score` call (a step's res
 `step_timeout_s`: once it is spent, the remaining slow checks are not run and score 0 as timeouts, so a
 collapsed policy repeating hostile answers cannot stall a step for minutes. To bound its time, an ordinary
 function runs in isolated worker processes that are killed at the deadline (`isolation.py`), at ~0.05 ms of
-overhead per call. A function that bounds its own time (marked
-with `@time_bounded`, like `math_accuracy`) is called in-process, takes the deadline as keyword
-`timeout_s`, and costs nothing extra: the testbed's integer answers are scored in microseconds.
+overhead per call. A function that bounds its own time (marked with `@time_bounded`, like `math_accuracy`) is
+called in-process, takes the deadline as keyword `timeout_s`, and costs nothing extra: the testbed's integer
+answers are scored in microseconds.
 
 Metrics per function `<name>` (the function's name): `reward/<name>/mean`, `reward/<name>/timeouts`,
 `reward/<name>/errors` (counts in this batch).
