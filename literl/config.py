@@ -41,7 +41,8 @@ def trick(name: str, **params) -> TrickSpec:
 class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory (or hub id when the hub is reachable). "
                                   "null: the embedded testbed model")
-    testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro")
+    testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro | moe (a tiny "
+                                "Qwen3-MoE, 8 experts, 2 per token, warmed up like base: docs/testbed.md)")
     dtype: str = knob("float32", "training precision: float32 | bfloat16")
     reference: str | None = knob(None, "reference model for KL; null: a frozen copy of the starting policy")
 
@@ -70,8 +71,10 @@ class RolloutConfig:
     top_p: float = knob(1.0, "nucleus sampling threshold in (0, 1]; 1.0 disables it")
     top_k: int = knob(0, "top-k sampling; 0 disables it")
     max_new_tokens: int = knob(64, "generation cap; a response that reaches it without EOS is truncated")
-    dtype: str = knob("float32", "rollout precision: float32 | bfloat16 (bfloat16 makes a real "
-                                 "training–inference mismatch to study IS corrections on CPU)")
+    dtype: str = knob("float32", "rollout precision: float32 | bfloat16 | float8_e4m3. bfloat16 makes a real "
+                                 "training–inference mismatch to study IS corrections on CPU; float8_e4m3 rounds the "
+                                 "engine's projection weights to FP8 E4M3 (a scale per output channel) and computes in "
+                                 "bfloat16, the MiniRL paper's FP8-inference stress test (literl/model/quantize.py)")
     max_rounds: int = knob(1, "sampling rounds per step; >1 lets a group filter (dynamic sampling) refill "
                               "the batch")
     decode: str = knob("auto", "decode path: auto (static KV cache when the model's structure allows it) | "
@@ -128,6 +131,16 @@ class AlgorithmConfig:
     group_filter: TrickSpec = knob(help="which groups enter the batch (dynamic sampling)",
                                    factory=lambda: trick("keep_all"))
     bypass_mode: bool = knob(False, "use the rollout engine's log-probs as old_logp (no recompute pass)")
+    routing_replay: str = knob(
+        "none", "MoE Routing Replay (algorithms.md §6): none | r2 (every update forward replays the experts the "
+                "trainer chose with θ_old in the old-log-prob pass) | r3 (the old-log-prob pass and every update "
+                "forward replay the experts the inference engine chose while sampling). The gate weights are "
+                "recomputed from the current router logits at the replayed experts, so the router keeps its gradient; "
+                "the reference model never replays. Needs a mixture-of-experts model")
+    router_aux_loss_coef: float = knob(
+        0.0, "weight of the MoE router's load-balancing loss (Switch Transformer: E·Σ_e f_e·P_e per MoE layer, "
+             "averaged over layers) added to the RL loss; 0 (default) turns it off, as RL engines do (a model's own "
+             "router_aux_loss_coef from pretraining is not used)")
 
 
 @dataclass
@@ -171,7 +184,7 @@ class TrainerConfig:
     replay_max_gib: float = knob(2.0, "memory (GiB) the rollout may use to keep its decode's matmul outputs, so "
                                       "that an update with the rollout's own weights (on-policy, engine sampling "
                                       "from the policy itself) replays them instead of recomputing its forward "
-                                      "matmuls (literl/training/replay.py); 0 turns this off")
+                                      "matmuls (literl/model/record.py); 0 turns this off")
     retain_host_memory: bool = knob(True, "on CPU with glibc: keep freed memory in the process for the next "
                                           "step instead of returning it to the OS (no page faults on each "
                                           "step's large tensors; ~2-7% faster steps, resident memory stays "

@@ -43,10 +43,13 @@ def run_config(args: argparse.Namespace) -> int:
     if args.explain:
         print(explain())
         return 0
+    from literl.objective import Objective
+
     try:
         cfg = load_config(preset=None if args.preset == "none" else args.preset, config_file=args.config_file,
                           overrides=args.overrides)
-    except ConfigError as err:
+        Objective.from_config(cfg)      # values a trick rejects only when it runs
+    except (ConfigError, ValueError) as err:
         print(f"literl config: {err}", file=sys.stderr)
         return 2
     print(to_yaml(resolve(cfg)))

@@ -53,15 +53,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"literl train: config error: {err}", file=sys.stderr)
         return 2
     if args.print_config:
+        from literl.objective import Objective
+
+        try:
+            Objective.from_config(cfg)      # the check a run makes before its model loads
+        except (ConfigError, ValueError) as err:
+            print(f"literl train: config error: {err}", file=sys.stderr)
+            return 2
         print(to_yaml(resolve(cfg)))
         return 0
     from literl.run_lock import DirectoryBusy
-    from literl.training.api import train
+    from literl.training.api import run as run_training
     from literl.training.checkpoint import CheckpointError
     from literl.training.trainer import NonFiniteTraining, TrainingInterrupted
 
     try:
-        train(cfg)
+        run_training(cfg)
     except TrainingInterrupted:
         return 130                  # the trainer said where the checkpoint is
     except KeyboardInterrupt:

@@ -104,7 +104,7 @@ def _kv_bytes_per_token(model: torch.nn.Module, dtype: str) -> int | None:
         head_dim = c.hidden_size // c.num_attention_heads
     if not (layers and heads and head_dim):
         return None
-    return int(layers) * 2 * int(heads) * int(head_dim) * (2 if dtype == "bfloat16" else 4)
+    return int(layers) * 2 * int(heads) * int(head_dim) * (4 if dtype == "float32" else 2)   # bf16 (FP8 engine too)
 
 
 def available_memory(device: torch.device) -> int | None:

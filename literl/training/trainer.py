@@ -25,10 +25,9 @@ from literl.ops import masked_max, masked_mean
 from literl.config_loader import to_yaml
 from literl.training.checkpoint import (load_latest_checkpoint, non_finite_parameters, restore_rng_state, rng_state,
                                         save_checkpoint, save_model)
-from literl.training.components import RunComponents
+from literl.components import RunComponents
+from literl.metric_reduction import MetricAccumulator
 from literl.training.learning_signal import no_signal_reason
-from literl.training.logprobs import token_logprobs
-from literl.training.metrics import MetricAccumulator
 
 
 class NonFiniteTraining(RuntimeError):
@@ -172,10 +171,10 @@ class Trainer:
         old_logp_BT = ref_logp_BT = None
         if p.objective.needs_old_logp_pass(n_minibatches):
             with timer("old_logp"):
-                old_logp_BT = self._logprobs(p.policy, batch)
+                old_logp_BT = p.policy_forward.batch_logprobs(batch)
         if p.reference is not None:
             with timer("ref_logp"):
-                ref_logp_BT = self._logprobs(p.reference, batch)
+                ref_logp_BT = p.reference.batch_logprobs(batch)
         train, prep_metrics = p.objective.prepare(batch, old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT,
                                                   minibatches=n_minibatches, rng=self.rng)
         metrics.update(prep_metrics)
@@ -185,6 +184,7 @@ class Trainer:
         with timer("update"):
             metrics.update(self._update(train))
         p.engine.sync_weights(p.policy)
+        metrics.update(p.policy_forward.take_metrics())
         metrics.update(p.diagnostics.observe_rollout(batch))
         p.log.log_samples(self.step + 1, _samples(batch, cfg.trainer.log_samples))
         return {**metrics, **self._timing(timer, batch, metrics)}
@@ -198,16 +198,13 @@ class Trainer:
             p.optimizer.zero_grad(set_to_none=True)
             loss_tokens, step_loss = 0, 0.0
             for micro in p.objective.micro_batches(minibatch, cfg.trainer.micro_batch_tokens):
-                logp_BT, entropy_BT = token_logprobs(
-                    p.policy, micro.tokens_BL.to(p.device), micro.prompt_len_B.to(p.device),
-                    micro.response_ids_BT.shape[1], temperature=cfg.rollout.temperature, with_entropy=True,
-                    mask_BT=micro.mask_BT.to(p.device), compiled=cfg.trainer.compile, extras=micro.extras)
-                out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT)
+                logp_BT, entropy_BT, aux_loss = p.policy_forward.logprobs(micro, with_entropy=True)
+                out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT, aux_loss=aux_loss)
                 out.loss.backward()
                 loss_tokens += out.num_loss_tokens
                 step_loss = step_loss + out.loss.detach().float()     # on the device: one sync per step
                 acc.add(out.metrics, weight=out.num_loss_tokens)
-                acc.add({f"staleness/ppo_kl_mb{k}": out.metrics.get("st/ppo_kl", 0.0)}, weight=out.num_loss_tokens)
+                acc.add({f"st/ppo_kl_mb{k}": out.metrics.get("st/ppo_kl", 0.0)}, weight=out.num_loss_tokens)
                 mask = micro.mask_BT.to(p.device)
                 acc.add({"entropy/mean": masked_mean(entropy_BT.detach(), mask)}, weight=int(mask.sum()))
                 acc.add({"entropy/token_max": masked_max(entropy_BT.detach(), mask)})
@@ -260,25 +257,6 @@ class Trainer:
             return 0.0
         max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else math.inf
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-
-    @torch.no_grad()
-    def _logprobs(self, model: torch.nn.Module, batch) -> torch.Tensor:
-        """log-probs of the batch's responses under `model`, in micro-batches, in batch row order."""
-        out = torch.zeros_like(batch.rollout_logp_BT)
-        T = batch.response_ids_BT.shape[1]
-        rows = torch.arange(len(batch))
-        step = max(1, self.cfg.trainer.micro_batch_tokens // max(int(batch.lengths_B.max()), 1))
-        model.eval()
-        device = self.parts.device
-        for start in range(0, len(batch), step):
-            idx = rows[start:start + step]
-            part = batch.select(idx).trimmed()
-            logp, _ = token_logprobs(model, part.tokens_BL.to(device), part.prompt_len_B.to(device),
-                                     part.response_ids_BT.shape[1], temperature=self.cfg.rollout.temperature,
-                                     mask_BT=part.mask_BT.to(device), compiled=self.cfg.trainer.compile,
-                                     extras=part.extras)
-            out[idx, :logp.shape[1]] = logp.float().cpu()
-        return torch.where(batch.mask_BT, out, torch.zeros_like(out))[:, :T]
 
     @staticmethod
     def _timing(timer: PhaseTimer, batch, metrics: dict) -> dict[str, float]:

@@ -1,13 +1,13 @@
 """Everything a run is built from, assembled from a Config (or from objects a Python user passes in).
 
 This is where infrastructure choices are made (which model, which data, which device, which engine); the
-trainer only drives the loop over what is assembled here.
+trainer only drives the loop over what is assembled here. It sits above `literl.rollout`, `literl.training` and
+`literl.model`, the one place that wires them together: rollout and training never import each other.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -22,6 +22,8 @@ from literl.config_loader import from_yaml_file, resolve, to_yaml
 from literl.data.files import write_json_atomic, write_text_atomic
 from literl.diagnostics.mechanisms import MechanismDiagnostics
 from literl.host_memory import retain_freed_host_memory
+from literl.model import PolicyForward
+from literl.model.capabilities import capabilities
 from literl.objective import Objective
 from literl.rollout.collector import Collector, PromptStream
 from literl.rollout.generator import SamplingParams
@@ -30,13 +32,12 @@ from literl.rollout.hf_engine import HFEngine
 from literl.run_lock import LOCK_NAME, DirectoryLock
 from literl.training.checkpoint import checkpoint_candidates, remove_stale_temporaries
 from literl.training.console import Console
-from literl.training.evaluation_hook import build_evaluator
+from literl.evaluation.periodic import build_evaluator
 from literl.training.limits import check_max_new_tokens, check_rollout_memory, fit_prompts_to_context, max_positions
 from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
 from literl.training.optim import build_optimizer
 from literl.training.problems import training_problems
-from literl.training.shared_prompts import matches_plain_forward, prefill_by_layers, runs_layer_by_layer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -47,8 +48,9 @@ class RunComponents:
     run_dir: Path
     device: torch.device
     policy: torch.nn.Module
+    policy_forward: PolicyForward           # log-probs of the policy (owns the record of the rollout's forward)
     tokenizer: Any
-    reference: torch.nn.Module | None
+    reference: PolicyForward | None         # log-probs of the frozen reference policy (KL), when the objective has one
     engine: Any
     objective: Objective
     collector: Collector
@@ -83,6 +85,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
                      problems: Sequence[dict] | str | None = None,
                      reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
     cfg = resolve(cfg, external_model=model is not None)
+    objective = Objective.from_config(cfg)      # a bad trick parameter value fails here, before anything slow loads
     console = console or Console(cfg.trainer.progress)
     _quiet_hugging_face()
     if cfg.trainer.threads:
@@ -93,34 +96,37 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
         retain_freed_host_memory()
     run_dir, lock, created = _claim_run_dir(cfg, console)
     try:
-        return _assemble(cfg, run_dir, lock, device, console, model=model, tokenizer=tokenizer, problems=problems,
-                         reward_fns=reward_fns)
+        return _assemble(cfg, objective, run_dir, lock, device, console, model=model, tokenizer=tokenizer,
+                         problems=problems, reward_fns=reward_fns)
     except BaseException:
         _give_up_run_dir(run_dir, lock, created)
         raise
 
 
-def _assemble(cfg: Config, run_dir: Path, lock: DirectoryLock, device: torch.device, console: Console, *,
-              model, tokenizer, problems, reward_fns) -> RunComponents:
+def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryLock, device: torch.device,
+              console: Console, *, model, tokenizer, problems, reward_fns) -> RunComponents:
     _check_reference_path(cfg)
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
     policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
-    if cfg.trainer.compile and not runs_layer_by_layer(policy):
+    if cfg.trainer.compile and not capabilities(policy).layers:
         console.note(f"trainer.compile=true has no effect on {type(policy).__name__}: it compiles literl's own "
                      "layer-by-layer forward, which runs Llama/Qwen-style decoders only")
     data = training_problems(cfg, problems=problems, testbed=is_testbed)
     template = "raw" if data.is_testbed else cfg.data.template
     _check_sizes(cfg, data, policy, tokenizer, template, device, console)
-    objective = Objective.from_config(cfg)
     pad_id = pad_token_id(tokenizer)
+    policy_forward = PolicyForward(policy, temperature=cfg.rollout.temperature, compile=cfg.trainer.compile,
+                                   record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
+                                   max_tokens=cfg.trainer.micro_batch_tokens,
+                                   routing_replay=cfg.algorithm.routing_replay,
+                                   router_aux_loss=cfg.algorithm.router_aux_loss_coef > 0)
     engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
-                      dtype=DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None,
-                      decode=cfg.rollout.decode, compile=cfg.rollout.compile,
-                      record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
-                      prefill_fn=_prefill_fn(cfg, policy))
+                      dtype=_engine_dtype(cfg), weights="float8_e4m3" if cfg.rollout.dtype == "float8_e4m3" else None,
+                      decode=cfg.rollout.decode, compile=cfg.rollout.compile, recorder=policy_forward.recorder)
     reference = None
     if objective.needs_reference:
-        reference = _reference_model(cfg, policy, device)
+        reference = PolicyForward(_reference_model(cfg, policy, device), temperature=cfg.rollout.temperature,
+                                  compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens)
 
     from literl.data.prompts import render_prompt
     from literl.rewards import RewardSet
@@ -145,6 +151,7 @@ def _assemble(cfg: Config, run_dir: Path, lock: DirectoryLock, device: torch.dev
         max_rounds=r.max_rounds, stream=PromptStream(len(data.problems), seed=cfg.seed), pad_id=pad_id,
         record_forward=cfg.trainer.replay_max_gib > 0)
     optimizer, scheduler = build_optimizer(cfg, policy)
+    policy_forward.watch(optimizer)
     evaluator = build_evaluator(cfg, tokenizer=tokenizer, testbed=data.is_testbed)
     # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
     # the corrected command starts afresh instead of being told to resume.
@@ -154,8 +161,8 @@ def _assemble(cfg: Config, run_dir: Path, lock: DirectoryLock, device: torch.dev
     diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
     console.note(f"run directory {run_dir} | device {device} | {sum(p.numel() for p in policy.parameters()):,} "
                  f"parameters | {len(data.problems):,} training problems ({data.description})")
-    return RunComponents(cfg=cfg, run_dir=run_dir, device=device, policy=policy, tokenizer=tokenizer,
-                         reference=reference, engine=engine, objective=objective, collector=collector,
+    return RunComponents(cfg=cfg, run_dir=run_dir, device=device, policy=policy, policy_forward=policy_forward,
+                         tokenizer=tokenizer, reference=reference, engine=engine, objective=objective, collector=collector,
                          optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
                          diagnostics=diagnostics, lock=lock)
 
@@ -168,12 +175,12 @@ def _quiet_hugging_face() -> None:
     hf_logging.set_verbosity_error()
 
 
-def _prefill_fn(cfg: Config, policy: torch.nn.Module):
-    """The rollout's prefill: the hand-applied prompt layers the update uses (compiled with the decode step) for
-    models that run them exactly, else the engine's default (the model's own forward)."""
-    if not (runs_layer_by_layer(policy) and matches_plain_forward(policy)):
-        return None
-    return functools.partial(prefill_by_layers, compiled=cfg.rollout.compile)
+def _engine_dtype(cfg: Config) -> torch.dtype | None:
+    """The engine's own precision (None: it samples from the policy module itself); an FP8 engine computes in
+    bfloat16 on weights rounded to FP8."""
+    if cfg.rollout.dtype == "float8_e4m3":
+        return torch.bfloat16
+    return DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None
 
 
 def _device(choice: str) -> torch.device:
