@@ -4,8 +4,9 @@ for an ablation or for plain runs.
 Sections: setup; statistics (cells, paired comparisons with verdicts, per-run scores, missing runs);
 learning curves with seed bands (held-out accuracy, reward, entropy, response length, clip fractions,
 truncation rate, group reward std); mechanism diagnostics (clipped tokens, repetition of truncated
-responses, reward std by difficulty tier, IS-weight decomposition, entropy). With an export folder the same
-figures are also written as PDF, SVG and PNG and the tables as CSV and LaTeX.
+responses, reward std by difficulty tier, IS-weight decomposition, training–inference mismatch and MoE route
+agreement, entropy). With an export folder the same figures are also written as PDF, SVG and PNG and the tables
+as CSV and LaTeX.
 """
 
 from __future__ import annotations
@@ -60,6 +61,17 @@ IS_PANELS = [
     Panel("ti/kl_k3", "KL train–inference (k3)", NATS), Panel("st/kl_k3", "KL staleness (k3)", NATS),
     Panel("share/ti", "share train–inference", "share of |log w|"),
     Panel("share/st", "share staleness", "share of |log w|"), Panel("tot/kl_k3", "KL total (k3)", NATS),
+]
+AGREEMENT = "fraction of (token, layer)"
+# The MiniRL study's stability signals (arXiv 2512.01374; algorithms.md §6–7): the training–inference gap the
+# engine makes, and on MoE models how often the routers of engine and trainer (ti), and of θ_old and θ (st),
+# choose the same experts. Dense models never log moe/*; an engine equal to the trainer logs ti/* as 0.
+MISMATCH_PANELS = [
+    Panel("ti/kl_k1", "KL train–inference (k1)", NATS),
+    Panel("ti/abs_logdiff_max", "max |log π_old − log μ|", "nats"),
+    Panel("ti/ess", "ESS train–inference", "normalised ESS"),
+    Panel("moe/route_agree_ti", "routes agree: engine vs trainer", AGREEMENT),
+    Panel("moe/route_agree_st", "routes agree: θ_old vs θ", AGREEMENT),
 ]
 ENTROPY_PANELS = [Panel("entropy/mean", "mean token entropy", NATS),
                   Panel("entropy/token_max", "max token entropy", "nats")]
@@ -251,6 +263,31 @@ def _repetition_table(records, variants, scenarios) -> str:
     return _table(["variant", "scenario", "truncation rate", "repetitive", "not repetitive"], rows)
 
 
+def _mean_table(records, variants, scenarios, panels: Sequence[Panel]) -> str:
+    """Per variant and scenario, each panel's metric averaged over each run's logged steps, then over the seeds,
+    [lowest seed, highest seed]; only the metrics the figure draws (logged, with signal: plots.no_signal), and
+    nothing when there are none."""
+    def drawn(panel: Panel) -> bool:
+        values = [v for r in records for v in r.metric_curve(panel.key)[1]]
+        return bool(values) and plots.no_signal(values) is None
+
+    logged = [p for p in panels if drawn(p)]
+    rows = []
+    for scenario in scenarios:
+        for variant in variants:
+            group = [r for r in records if r.variant == variant and r.scenario == scenario]
+            cells = []
+            for panel in logged:
+                per_run = [sum(values) / len(values) for r in group if (values := r.metric_curve(panel.key)[1])]
+                cells.append(f"{sum(per_run) / len(per_run):.4g} [{min(per_run):.4g}, {max(per_run):.4g}]"
+                             if per_run else "–")
+            if any(c != "–" for c in cells):
+                rows.append([_e(variant), _e(scenario), str(len(group)), *cells])
+    if not rows:
+        return ""
+    return _table(["variant", "scenario", "runs", *(f"<code>{_e(p.key)}</code>" for p in logged)], rows)
+
+
 def _diagnostics_section(records, variants, scenarios, styles, figures: Figures) -> str:
     tiers = [Panel(k, f"reward std, {k.rsplit('/', 1)[-1]}", "std of reward")
              for k in plots.keys_with_prefix(records, "groups/reward_std/")]
@@ -277,6 +314,15 @@ def _diagnostics_section(records, variants, scenarios, styles, figures: Figures)
         "<code>ti/*</code>) × [π_θ/π_old] (staleness, <code>st/*</code>); <code>share/*</code> says which factor "
         "carries the total |log w| (algorithms.md §7).</p>",
         figure("is_decomposition", IS_PANELS, "ti/*, st/*, share/*"),
+        "<h3>Training–inference mismatch and Routing Replay</h3><p class='note'>The gap between the engine that "
+        "sampled (μ) and the trainer at θ_old (<code>ti/*</code>: KL(μ‖π_old) as the MiniRL paper plots it, the "
+        "worst token's log-ratio, the effective sample size of the token weights), and on MoE models the share of "
+        "(token, layer) pairs whose top-k experts agree between the engine and the trainer "
+        "(<code>moe/route_agree_ti</code>) and between θ_old and θ in the update "
+        "(<code>moe/route_agree_st</code>); Routing Replay (R2/R3) makes the replayed side agree by construction "
+        "(algorithms.md §6–7). The table averages each run's steps, then the seeds.</p>",
+        _mean_table(records, variants, scenarios, MISMATCH_PANELS),
+        figure("mismatch_routing", MISMATCH_PANELS, "ti/kl_k1, ti/abs_logdiff_max, ti/ess, moe/route_agree_*"),
         "<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant to "
         "slow its collapse (§8.2.3).</p>",
         figure("entropy", ENTROPY_PANELS, "entropy/*"),
