@@ -169,7 +169,7 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     evaluator = build_evaluator(cfg, tokenizer=tokenizer, testbed=data.is_testbed)
     # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
     # the corrected command starts afresh instead of being told to resume.
-    _write_run_config(run_dir, cfg, inputs)
+    _write_run_config(run_dir, cfg, inputs, engine)
     log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(_as_dict(cfg), default=str)),
                      run_name=run_dir.name)
     diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
@@ -290,10 +290,13 @@ def _check_reference_path(cfg: Config) -> None:
                                 "save_pretrained, or leave it unset for a frozen copy of the starting policy")
 
 
-def _write_run_config(run_dir: Path, cfg: Config, inputs: Inputs) -> None:
+def _write_run_config(run_dir: Path, cfg: Config, inputs: Inputs, engine) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "config.yaml", config_header(inputs) + to_yaml(cfg))
-    write_run_record(run_dir, inputs, resume=cfg.trainer.resume)
+    # An engine in its own process and environment (vLLM) reports its own versions: the trainer's are not its.
+    info = getattr(getattr(engine, "process", None), "info", None) or {}
+    write_run_record(run_dir, inputs, resume=cfg.trainer.resume,
+                     engine={"name": cfg.rollout.engine, **{k: v for k, v in info.items() if k != "pid"}})
     if not cfg.trainer.output_dir:
         _point_latest(run_dir)
 

@@ -143,16 +143,18 @@ def _replace(cfg: Config, section: str, **changes) -> Config:
 
 
 # ---------------------------------------------------------------------------------------------- run.json
-def write_run_record(run_dir: Path, inputs: Inputs, *, resume: bool) -> dict:
+def write_run_record(run_dir: Path, inputs: Inputs, *, resume: bool, engine: dict | None = None) -> dict:
     """Write run.json: a new record for a new run, one more session for a resumed one (`resume` asked for and
-    a record there to continue; the session's "resume" says whether there was)."""
+    a record there to continue; the session's "resume" says whether there was). `engine`: the rollout engine's
+    name and, for one in its own environment, what it reports of itself (vLLM's and its torch's versions)."""
     path = Path(run_dir) / RUN_RECORD
     sessions = []
     if resume:
         previous = read_run_record(run_dir)
         sessions = list(previous.get("sessions", [])) if previous else []
     sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "resume": bool(sessions),
-                     "inputs": inputs.described, "not_replayable": inputs.missing, "provenance": provenance()})
+                     "inputs": inputs.described, "not_replayable": inputs.missing, "provenance": provenance(),
+                     "engine": engine or {}})
     missing = [m for s in sessions for m in s["not_replayable"]]
     record = {"format": FORMAT, "replayable": not missing, "not_replayable": _unique(missing), "sessions": sessions}
     write_json_atomic(path, record)
