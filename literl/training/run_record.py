@@ -9,7 +9,8 @@ run cannot be replayed from config.yaml and why, config.yaml carries the same wa
 unless the command line names the keys that replace what is missing.
 
     {"format": 1, "replayable": bool, "not_replayable": [{"input", "what", "key"}],
-     "sessions": [{"started", "resume", "inputs": {...}, "not_replayable": [...], "provenance": {...}}]}
+     "sessions": [{"started", "resume", "inputs": {...}, "not_replayable": [...], "provenance": {...},
+                   "engine": {"name", ...}}]}
 
 A resumed run appends a session; the run is replayable only if every session was.
 """
