@@ -15,7 +15,8 @@ For print: panels of PANEL_SIZE inches with FONT_PT-point text at 100% scale, so
 palette (distinguishable with the common colour-vision deficiencies) and each variant also has its own line
 style and marker, so overlapping bands stay apart in greyscale too. A panel without signal in any run
 (always exactly 0, or constant up to float noise: a range below NOISE_TOLERANCE of its magnitude, e.g.
-1 ± 1e-14) is not drawn; `CurvesFigure.folded` says which and why.
+1 ± 1e-14, or never above the panel's own floor, e.g. float32 rounding between engine and trainer) is not
+drawn; `CurvesFigure.folded` says which and why.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class Panel:
     title: str
     unit: str = ""
     source: str = "metrics"     # "metrics" (metrics.jsonl, smoothed) or "eval" (eval.jsonl, raw)
+    # A magnitude this metric never exceeds without a real cause, and that cause's name: e.g. the training–
+    # inference log-ratio of an engine computing in the trainer's float32 is rounding, |d| ~ 1e-6.
+    floor: float = 0.0
+    floor_cause: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,16 @@ def no_signal(values: Sequence[float]) -> str | None:
     return None
 
 
+def fold_reason(panel: Panel, values: Sequence[float]) -> str | None:
+    """Why a panel with these values (all runs together) is not drawn, or None: `no_signal`, else every |value|
+    at or below the panel's floor."""
+    reason = no_signal(values)
+    if reason is None and values and panel.floor > 0 and max(abs(v) for v in values) <= panel.floor:
+        cause = f" ({panel.floor_cause})" if panel.floor_cause else ""
+        reason = f"|value| ≤ {panel.floor:g} throughout{cause}"
+    return reason
+
+
 def is_sparse(records: Sequence[RunRecord], panel: Panel) -> bool:
     """A training metric logged at fewer than SPARSE_FRACTION of the steps of the runs that logged it."""
     if panel.source == "eval":
@@ -142,7 +157,7 @@ def curves_figure(records: Sequence[RunRecord], panels: Sequence[Panel], variant
         values = [v for r in records for v in _raw_curve(r, panel)[1]]
         if not values:
             continue            # not logged by any run: the report says so when no panel at all is left
-        reason = no_signal(values)
+        reason = fold_reason(panel, values)
         if reason:
             folded.append(f"{panel.title}: {reason} in every run")
         else:

@@ -83,3 +83,37 @@ def test_dense_runs_with_an_exact_engine_fold_the_section_away(tmp_path):
     assert "<img" not in section and "<table" not in section
     assert "Not drawn, no signal: KL train–inference (k1): always 0 in every run." in section
     assert "routes agree" not in section
+
+
+def float32_rounding(variant, scenario, seed, step):
+    """What the positive control's dense runs logged with literl's float32 engine: a k1 KL of about −1.3e-8 and
+    a worst-token |log-ratio| of about 1e-6, varying from step to step by as much as they are large."""
+    return {"ti/kl_k1": -1e-8 * (1 + (step + seed) % 3), "ti/abs_logdiff_max": 1e-6 * (1 + step % 2),
+            "ti/kl_k3": 1e-13 * step}
+
+
+def test_float32_rounding_between_engine_and_trainer_is_folded_not_drawn_as_a_trend(tmp_path):
+    """Ranges of 2e-8 and 1e-6 are above the generic float-noise tolerance (1e-9), so only the ti/ floors
+    (1e-6 nats for the KLs, 1e-4 for the worst token) keep them from being plotted as curves."""
+    _, runs = make_runs(tmp_path, float32_rounding)
+    records = [load_run(r.directory, variant=r.variant, scenario=r.scenario) for r in runs]
+    assert plots.no_signal([v for r in records for v in r.metric_curve("ti/kl_k1")[1]]) is None
+    ablation.summarize_ablation(tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    section = page.split("Training–inference mismatch and Routing Replay</h3>")[1].split("<h3>")[0]
+    assert "<img" not in section and "<table" not in section
+    assert ("KL train–inference (k1): |value| ≤ 1e-06 throughout (float32 rounding between engine and trainer) "
+            "in every run") in section
+    assert "max |log π_old − log μ|: |value| ≤ 0.0001 throughout (float32 rounding" in section
+
+
+def test_one_value_above_the_floor_draws_the_panel_for_every_run(tmp_path):
+    def spiky(variant, scenario, seed, step):
+        return {"ti/kl_k1": 2e-6 if (variant, scenario, seed, step) == ("minirl", "on_policy", 0, 4) else 1e-8}
+
+    _, runs = make_runs(tmp_path, spiky)
+    records = [load_run(r.directory, variant=r.variant, scenario=r.scenario) for r in runs]
+    variants = ["minirl", "minirl_r3"]
+    result = plots.curves_figure(records, MISMATCH_PANELS, variants, ["on_policy", "off_policy"],
+                                 plots.variant_styles(variants))
+    assert [p.key for p in result.panels] == ["ti/kl_k1"] and result.folded == []
