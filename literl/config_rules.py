@@ -24,6 +24,7 @@ CHOICES = {
     "data.template": ("auto", "plain", "chat", "raw"),
     "data.difficulty": ("easy", "medium", "hard", "mixed"),
     "model.testbed": ("base", "aligned", "micro"),
+    "model.profile": ("auto", "testbed", "real"),
     "algorithm.aggregation_normaliser": ("global", "local"),
 }
 
@@ -51,12 +52,16 @@ def validate(cfg: Config) -> None:
 
     r, t, o, ev = cfg.rollout, cfg.trainer, cfg.optim, cfg.eval
     _check(r.prompts_per_step >= 1 and r.group_size >= 1, "rollout.prompts_per_step and rollout.group_size must be >= 1")
-    _check(r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+    # null: the profile's value (literl/profiles.py), filled by config_loader.resolve.
+    _check(r.max_new_tokens is None or r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1, or null for the "
+                                                              "profile's")
     # Sampling settings are otherwise checked only when the first rollout starts, after the model has loaded.
-    _check(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 (the log-probs are divided by it); "
-                              "use a small value such as 0.1 for near-greedy sampling")
-    _check(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
-    _check(r.top_k >= 0, f"rollout.top_k={r.top_k} must be >= 0; 0 disables top-k sampling")
+    _check(r.temperature is None or r.temperature > 0,
+           f"rollout.temperature={r.temperature} must be > 0 (the log-probs are divided by it); use a small value "
+           "such as 0.1 for near-greedy sampling")
+    _check(r.top_p is None or 0 < r.top_p <= 1,
+           f"rollout.top_p={r.top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
+    _check(r.top_k is None or r.top_k >= 0, f"rollout.top_k={r.top_k} must be >= 0; 0 disables top-k sampling")
     _check(ev.temperature is None or ev.temperature > 0,
            f"eval.temperature={ev.temperature} must be > 0, or null for rollout.temperature; greedy accuracy "
            "is reported separately by eval.greedy=true")
@@ -93,6 +98,8 @@ def validate(cfg: Config) -> None:
     _check(len(cfg.reward.fns) >= 1, "reward.fns needs at least one function (the first decides accuracy)")
     for fn in cfg.reward.fns:
         _check(":" in fn.fn, f"reward fn '{fn.fn}' must be an import path 'package.module:function'")
+        _check(fn.convention in ("auto", "literl", "trl", "verl"),
+               f"reward fn '{fn.fn}': convention={fn.convention!r} is not one of: auto, literl, trl, verl")
     for tracker in t.trackers:
         _check(tracker in ("tensorboard", "wandb"), f"trainer.trackers: unknown tracker '{tracker}' "
                                                      "(valid: tensorboard, wandb)")
@@ -113,6 +120,8 @@ def validate(cfg: Config) -> None:
     if algo.kl_in_reward and algo.kl_coef == 0:
         warnings.warn("algorithm.kl_in_reward=true has no effect while algorithm.kl_coef=0")
 
+    from literl.config_loader import resolve  # noqa: PLC0415 - config_loader imports this module
     from literl.objective import Objective  # noqa: PLC0415 - the objective imports this module's users
 
-    Objective.from_config(cfg).self_check()
+    # The tricks see the run's values (a length-dependent trick needs max_new_tokens): the profile's, for nulls.
+    Objective.from_config(resolve(cfg)).self_check()

@@ -28,7 +28,8 @@ from literl.rollout.generator import SamplingParams
 from literl.registry import ConfigError
 from literl.rollout.hf_engine import HFEngine
 from literl.training.console import Console
-from literl.training.evaluation_hook import build_evaluator
+from literl.profiles import model_context
+from literl.training.evaluation_hook import build_evaluator, prompt_options_of, prompt_template
 from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
 from literl.training.optim import build_optimizer
@@ -71,8 +72,12 @@ class RunComponents:
 def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None, tokenizer=None,
                      problems: Sequence[dict] | str | None = None,
                      reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
-    cfg = resolve(cfg, external_model=model is not None)
+    notes: list[str] = []
+    cfg = resolve(cfg, external_model=model is not None, notes=notes,
+                  model_context=model_context(model) if isinstance(model, torch.nn.Module) else None)
     console = console or Console(cfg.trainer.progress)
+    for note in notes:
+        console.note(note)
     _quiet_hugging_face()
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
@@ -88,7 +93,8 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
         console.note(f"trainer.compile=true has no effect on {type(policy).__name__}: it compiles literl's own "
                      "layer-by-layer forward, which runs Llama/Qwen-style decoders only")
     data = training_problems(cfg, problems=problems, testbed=is_testbed)
-    template = "raw" if data.is_testbed else cfg.data.template
+    template = prompt_template(cfg, testbed_problems=data.is_testbed)
+    prompt_options = prompt_options_of(cfg)
     objective = Objective.from_config(cfg)
     pad_id = pad_token_id(tokenizer)
     engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
@@ -107,13 +113,15 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
 
     def prompt_ids(index: int) -> list[int]:
         if index not in prompt_cache:
-            prompt_cache[index] = render_prompt(data.problems[index]["problem"], tokenizer, template)
+            prompt_cache[index] = render_prompt(data.problems[index]["problem"], tokenizer, template,
+                                                **prompt_options)
         return prompt_cache[index]
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    rewards = RewardSet(_reward_specs(cfg, reward_fns), timeout_s=cfg.reward.timeout_s)
+    rewards = RewardSet(_reward_specs(cfg, reward_fns), timeout_s=cfg.reward.timeout_s,
+                        chat_messages=_chat_messages(cfg, tokenizer, template))
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
     collector = Collector(
@@ -122,7 +130,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
         max_rounds=r.max_rounds, stream=PromptStream(len(data.problems), seed=cfg.seed), pad_id=pad_id,
         record_forward=cfg.trainer.replay_max_gib > 0)
     optimizer, scheduler = build_optimizer(cfg, policy)
-    evaluator = build_evaluator(cfg, tokenizer=tokenizer, testbed=data.is_testbed)
+    evaluator = build_evaluator(cfg, tokenizer=tokenizer)
     # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
     # the corrected command starts afresh instead of being told to resume.
     _write_run_config(run_dir, cfg)
@@ -235,11 +243,22 @@ def _reference_model(cfg: Config, policy: torch.nn.Module, device) -> torch.nn.M
 
 
 def _reward_specs(cfg: Config, reward_fns: Sequence | None) -> list[tuple]:
-    """Config reward specs, or functions passed from Python: f, (f, weight) or 'pkg.mod:fn'."""
+    """Config reward specs, or functions passed from Python: f, 'pkg.mod:fn', (f, weight) or
+    (f, weight, convention)."""
     if reward_fns is None:
-        return [(spec.fn, spec.weight) for spec in cfg.reward.fns]
+        return [(spec.fn, spec.weight, spec.convention) for spec in cfg.reward.fns]
     specs = []
     for item in reward_fns:
-        fn, weight = item if isinstance(item, tuple) else (item, 1.0)
-        specs.append((fn, float(weight)))
+        fn, weight, convention = (*item, "auto")[:3] if isinstance(item, tuple) else (item, 1.0, "auto")
+        specs.append((fn, float(weight), convention))
     return specs
+
+
+def _chat_messages(cfg: Config, tokenizer, template: str):
+    """With a chat template, TRL-style reward functions get TRL's conversational format: the prompt messages."""
+    from literl.data.prompts import chat_messages, resolve_template
+
+    if resolve_template(template, tokenizer) != "chat":
+        return None
+    return lambda example: chat_messages(example["problem"], system_prompt=cfg.data.system_prompt or "",
+                                         instruction=cfg.data.instruction)
