@@ -208,6 +208,9 @@ class EvalConfig:
 class Config:
     seed: int = knob(0, "seed for sampling, data order and mini-batch shuffling")
     preset: str | None = knob(None, "the preset this config started from (informational)")
+    imports: list[str] = knob(help="modules (or .py files) imported before the config is checked, so the tricks and "
+                                   "reward functions they register are usable by name; --import adds to it "
+                                   "(literl/plugins.py, docs/custom-tricks.md)", factory=list)
     model: ModelConfig = knob(help="policy model", factory=ModelConfig)
     data: DataConfig = knob(help="training problems", factory=DataConfig)
     rollout: RolloutConfig = knob(help="sampling", factory=RolloutConfig)

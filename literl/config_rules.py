@@ -36,8 +36,12 @@ def _check(condition: bool, message: str) -> None:
 
 def validate(cfg: Config) -> None:
     """Every rule about which values and tricks work together, in one function."""
+    from literl.plugins import import_user_modules, load_entry_points
     from literl.tricks import ALL
 
+    # The user's own tricks register when their modules import: before any name is checked.
+    load_entry_points()
+    import_user_modules(cfg.imports)
     algo = cfg.algorithm
     for field_name, axis in SINGLE_TRICKS.items():
         spec = getattr(algo, field_name)
