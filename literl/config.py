@@ -39,6 +39,17 @@ def trick(name: str, **params) -> TrickSpec:
 
 
 @dataclass
+class LoraSpec:
+    rank: int = knob(0, "LoRA rank r through peft (pip install 'literl[lora]'); 0: no LoRA, every weight trains")
+    alpha: float = knob(16.0, "LoRA alpha: the adapter's output is scaled by alpha / rank")
+    target_modules: list[str] = knob(help="modules that get adapters, e.g. [q_proj,k_proj,v_proj,o_proj]; "
+                                          "[all-linear]: every linear layer but the output head",
+                                     factory=lambda: ["all-linear"])
+    dropout: float = knob(0.0, "dropout on the adapter's input, in [0, 1) (active in the update only, so the "
+                               "on-policy ratio is not exactly 1 when > 0)")
+
+
+@dataclass
 class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory (or hub id when the hub is reachable). "
                                   "null: the embedded testbed model")
@@ -48,7 +59,10 @@ class ModelConfig:
                                 "max_new_tokens capped by the model's context) | auto (real for a Hugging Face "
                                 "model: model.path set or a model passed to literl.train; literl/profiles.py)")
     dtype: str = knob("float32", "training precision: float32 | bfloat16")
-    reference: str | None = knob(None, "reference model for KL; null: a frozen copy of the starting policy")
+    reference: str | None = knob(None, "reference model for KL; null: a frozen copy of the starting policy (with "
+                                       "LoRA: the policy with its adapters switched off, no copy)")
+    lora: LoraSpec = knob(help="LoRA adapters (literl/training/lora.py): only they train; final/ holds the merged "
+                               "model and final/adapter/", factory=LoraSpec)
 
 
 @dataclass
@@ -221,5 +235,5 @@ class Config:
     eval: EvalConfig = knob(help="held-out evaluation", factory=EvalConfig)
 
 
-__all__ = ["Config", "ConfigError", "TrickSpec", "trick", "ModelConfig", "DataConfig", "RolloutConfig",
+__all__ = ["Config", "ConfigError", "TrickSpec", "trick", "ModelConfig", "LoraSpec", "DataConfig", "RolloutConfig",
            "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig", "EvalConfig"]

@@ -385,6 +385,11 @@ def resolve(cfg: Config, *, external_model: bool = False, model_context: int | N
             notes.append(f"no held-out evaluation: the real-model profile evaluates on {', '.join(profile.benchmarks)}, "
                          "read from data.dir (--data-dir) or $LITERL_DATA_DIR, and neither is set; set one, or "
                          "name files or benchmarks with eval.benchmarks=[...]")
+    if out.model.lora.rank > 0 and out.trainer.replay_max_gib > 0:
+        # The replayed forward reads the projection weights directly, which would leave the adapters out.
+        out.trainer = dataclasses.replace(out.trainer, replay_max_gib=0.0)
+        notes.append("trainer.replay_max_gib=0: with LoRA the update computes its forward instead of replaying the "
+                     "rollout's (the replay reads the base weights, without the adapters)")
     out.eval = dataclasses.replace(
         ev, benchmarks=benchmarks, temperature=_or(ev.temperature, out.rollout.temperature),
         max_new_tokens=_or(ev.max_new_tokens, out.rollout.max_new_tokens))

@@ -104,6 +104,11 @@ def validate(cfg: Config) -> None:
         _check(":" in fn.fn, f"reward fn '{fn.fn}' must be an import path 'package.module:function'")
         _check(fn.convention in ("auto", "literl", "trl", "verl"),
                f"reward fn '{fn.fn}': convention={fn.convention!r} is not one of: auto, literl, trl, verl")
+    lora = cfg.model.lora
+    _check(lora.rank >= 0, f"model.lora.rank={lora.rank} must be >= 0 (0 turns LoRA off)")
+    _check(lora.alpha > 0, f"model.lora.alpha={lora.alpha} must be > 0")
+    _check(0 <= lora.dropout < 1, f"model.lora.dropout={lora.dropout} must be in [0, 1)")
+    _check(len(lora.target_modules) >= 1, "model.lora.target_modules needs at least one module name, or [all-linear]")
     for tracker in t.trackers:
         _check(tracker in ("tensorboard", "wandb"), f"trainer.trackers: unknown tracker '{tracker}' "
                                                      "(valid: tensorboard, wandb)")

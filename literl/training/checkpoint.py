@@ -96,6 +96,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_checkpoint(path: Path, model: torch.nn.Module) -> dict:
     """Load weights into `model` in place; return the trainer state (optimizer, scheduler, RNGs, ...)."""
     path = Path(path)
+    if hasattr(model, "peft_config"):      # a LoRA policy: its checkpoints hold the adapter only
+        from literl.training.lora import load_adapter_weights
+
+        load_adapter_weights(model, path / "model")
+        return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
     weights = sorted((path / "model").glob("*.safetensors"))
     if not weights:
         raise FileNotFoundError(f"checkpoint {path} has no model weights; it is incomplete — delete it to resume "

@@ -6,6 +6,7 @@ trainer only drives the loop over what is assembled here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -30,6 +31,7 @@ from literl.rollout.hf_engine import HFEngine
 from literl.training.console import Console
 from literl.profiles import model_context
 from literl.training.evaluation_hook import build_evaluator, prompt_options_of, prompt_template
+from literl.training.lora import apply_lora, is_lora, lora_enabled, reference_context
 from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
 from literl.training.optim import build_optimizer
@@ -47,6 +49,7 @@ class RunComponents:
     policy: torch.nn.Module
     tokenizer: Any
     reference: torch.nn.Module | None
+    reference_context: Callable[[], Any]    # entered around the reference pass (LoRA: the adapters switched off)
     engine: Any
     objective: Objective
     collector: Collector
@@ -89,6 +92,8 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
 
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
     policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
+    if lora_enabled(cfg):
+        policy = apply_lora(policy, cfg.model.lora)
     if cfg.trainer.compile and not runs_layer_by_layer(policy):
         console.note(f"trainer.compile=true has no effect on {type(policy).__name__}: it compiles literl's own "
                      "layer-by-layer forward, which runs Llama/Qwen-style decoders only")
@@ -102,8 +107,11 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
                       decode=cfg.rollout.decode, compile=cfg.rollout.compile,
                       record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
                       prefill_fn=_prefill_fn(cfg, policy))
-    reference = None
-    if objective.needs_reference:
+    reference, in_reference = None, contextlib.nullcontext
+    if objective.needs_reference and is_lora(policy) and not cfg.model.reference:
+        # The base model is the policy with its adapters off: no second copy (literl/training/lora.py).
+        reference, in_reference = policy, reference_context(policy)
+    elif objective.needs_reference:
         reference = _reference_model(cfg, policy, device)
 
     from literl.data.prompts import render_prompt
@@ -137,10 +145,13 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(_as_dict(cfg), default=str)),
                      run_name=run_dir.name)
     diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
-    console.note(f"run directory {run_dir} | device {device} | {sum(p.numel() for p in policy.parameters()):,} "
-                 f"parameters | {len(data.problems):,} training problems ({data.description})")
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in policy.parameters())
+    console.note(f"run directory {run_dir} | device {device} | {total:,} parameters"
+                 + (f" ({trainable:,} trained: LoRA adapters)" if trainable < total else "")
+                 + f" | {len(data.problems):,} training problems ({data.description})")
     return RunComponents(cfg=cfg, run_dir=run_dir, device=device, policy=policy, tokenizer=tokenizer,
-                         reference=reference, engine=engine, objective=objective, collector=collector,
+                         reference=reference, reference_context=in_reference, engine=engine, objective=objective, collector=collector,
                          optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
                          diagnostics=diagnostics)
 

@@ -23,8 +23,9 @@ import torch
 from literl.batch import TrainBatch
 from literl.ops import masked_max, masked_mean
 from literl.training.checkpoint import (latest_checkpoint, load_checkpoint, restore_rng_state, rng_state,
-                                        save_checkpoint, save_model)
+                                        save_checkpoint)
 from literl.training.components import RunComponents
+from literl.training.lora import save_final
 from literl.training.logprobs import token_logprobs
 from literl.training.metrics import MetricAccumulator
 
@@ -76,7 +77,7 @@ class Trainer:
             p.console.note(f"interrupted after step {self.step}: checkpoint saved at {path}; continue with "
                            f"trainer.resume=true trainer.output_dir={p.run_dir}")
             raise KeyboardInterrupt
-        save_model(p.run_dir / "final", p.policy, p.tokenizer)
+        save_final(p.run_dir / "final", p.policy, p.tokenizer)
         self._evaluate("after")
         p.finish(self.eval_results)
         return p.run_dir
@@ -96,7 +97,7 @@ class Trainer:
             with timer("old_logp"):
                 old_logp_BT = self._logprobs(p.policy, batch)
         if p.reference is not None:
-            with timer("ref_logp"):
+            with timer("ref_logp"), p.reference_context():
                 ref_logp_BT = self._logprobs(p.reference, batch)
         train, prep_metrics = p.objective.prepare(batch, old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT,
                                                   minibatches=n_minibatches, rng=self.rng)
