@@ -77,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"literl train: config error: {err}", file=sys.stderr)
         return 2
     if args.print_config:
-        print(to_yaml(resolve(cfg)))
+        notes: list[str] = []
+        print(to_yaml(resolve(cfg, notes=notes)))
+        for note in notes:
+            print(f"[literl] {note}", file=sys.stderr)
         return 0
     from literl.training.api import train
 
