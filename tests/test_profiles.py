@@ -75,3 +75,12 @@ def test_train_takes_model_data_and_data_dir_flags(tiny_qwen3_dir, tmp_path, cap
     assert cfg.model.path == str(tiny_qwen3_dir) and cfg.model.profile == "real"
     assert cfg.data.train == "math_train" and cfg.data.dir == str(shared_data)
     assert cfg.rollout.max_new_tokens == 128 and cfg.eval.benchmarks == list(REAL_BENCHMARKS)
+
+
+def test_the_context_of_a_model_object_or_folder(tiny_qwen3_dir, tmp_path):
+    """literl.train(cfg, model=...) passes a module or a folder: both tell their 256 positions."""
+    from literl.profiles import model_context
+    from tests.conftest import build_tiny_qwen3
+
+    assert model_context(build_tiny_qwen3()) == 256 == model_context(tiny_qwen3_dir) == model_context(str(tiny_qwen3_dir))
+    assert model_context(None) is None and model_context(tmp_path) is None, "no config.json: unknown, no cap"

@@ -76,8 +76,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
                      problems: Sequence[dict] | str | None = None,
                      reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
     notes: list[str] = []
-    cfg = resolve(cfg, external_model=model is not None, notes=notes,
-                  model_context=model_context(model) if isinstance(model, torch.nn.Module) else None)
+    cfg = resolve(cfg, external_model=model is not None, notes=notes, model_context=model_context(model))
     console = console or Console(cfg.trainer.progress)
     for note in notes:
         console.note(note)
