@@ -170,27 +170,31 @@ def results_table(result: Mapping[str, Any]):
     headline = f"avg@{samples}"
     keys = [*(f"pass@{k}" for k in k_values(samples) if k > 1), f"maj@{samples}"]
     table = Table(title=f"evaluation: {samples} samples per problem, template {result['settings']['template']}, "
-                        "accuracies in %, ± one standard error (over problems and samples)")
+                        "accuracies in % (± one standard error over problems and samples)")
     table.add_column("benchmark", no_wrap=True)
-    for key in ["n", headline, "± SE", *keys, "tokens", "trunc%", "no box%"]:
+    for key in ["n", f"{headline} ± SE", *keys, "tokens", "trunc%", "no box%"]:
         table.add_column(key, justify="right", no_wrap=True)
     for name, bench in result["benchmarks"].items():
         m = bench["metrics"]
-        table.add_row(name, str(bench["num_problems"]), _percent(m.get(headline)),
-                      _percent(bench.get("standard_error", {}).get(headline)),
+        table.add_row(name, str(bench["num_problems"]),
+                      _with_error(m.get(headline), bench.get("standard_error", {}).get(headline)),
                       *(_percent(m.get(key)) for key in keys),
                       f"{bench['mean_response_tokens']:.0f}", f"{100 * bench['truncation_rate']:.0f}",
                       f"{100 * bench['no_answer_rate']:.0f}")
     mean = result.get("mean")
     if mean:
         table.add_section()
-        table.add_row(f"mean of {len(mean['benchmarks'])}", "", _percent(mean[headline]),
-                      _percent(mean["standard_error"][headline]), *("" for _ in keys), "", "", "")
+        table.add_row(f"mean of {len(mean['benchmarks'])}", "",
+                      _with_error(mean[headline], mean["standard_error"][headline]), *("" for _ in keys), "", "", "")
     return table
 
 
 def _percent(value) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _with_error(value, error) -> str:
+    return _percent(value) if value is None or error is None else f"{100 * value:.1f} ± {100 * error:.1f}"
 
 
 def print_results(result: Mapping[str, Any], console=None) -> None:

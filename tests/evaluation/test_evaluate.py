@@ -98,15 +98,15 @@ def test_standard_errors_per_benchmark_and_the_mean_over_benchmarks(char_tokeniz
     assert json.loads((tmp_path / "eval.json").read_text())["mean"] == result["mean"]
     assert flat_metrics(result)["eval/other/avg@4_se"] == pytest.approx(7 ** 0.5 / 12)
     table = results_table(result)
-    assert table.row_count == 3 and "± SE" in [c.header for c in table.columns]
-    assert list(table.columns[3].cells) == ["25.0", "22.0", "16.7"]
+    assert table.row_count == 3 and table.columns[2].header == "avg@4 ± SE"
+    assert list(table.columns[2].cells) == ["25.0 ± 25.0", "66.7 ± 22.0", "45.8 ± 16.7"]
 
 
 def test_a_single_problem_has_no_standard_error(char_tokenizer):
     result = evaluate(ScriptedGenerator(char_tokenizer), char_tokenizer, {"toy": PROBLEMS[:1]},
                       sampling=SamplingParams(max_new_tokens=16), samples=4, template="raw")
     assert result["benchmarks"]["toy"]["standard_error"]["avg@4"] is None and "mean" not in result
-    assert list(results_table(result).columns[3].cells) == ["-"]
+    assert list(results_table(result).columns[2].cells) == ["50.0"]
 
 
 def test_evaluate_rejects_bad_settings(char_tokenizer):
