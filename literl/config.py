@@ -67,8 +67,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train: str | None = knob(None, "training problems: a .jsonl/.parquet file, a benchmark name in data.dir, or "
-                                   "a Hugging Face dataset id. null: the testbed's train split")
+    train: str | None = knob(None, "training problems: a .jsonl file, a benchmark name in data.dir, a .parquet "
+                                   "file or a Hugging Face dataset id (these two: pip install 'literl[hub]'). null: "
+                                   "the testbed's train split")
     dir: str | None = knob(None, "data directory for benchmark names (else $LITERL_DATA_DIR)")
     problem_field: str = knob("problem", "field holding the problem text")
     answer_field: str = knob("answer", "field holding the gold answer")
