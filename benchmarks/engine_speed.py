@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import workload  # noqa: E402
-from literl.rollout.decoding import distinct_prompts, prefill  # noqa: E402
+from literl.model.prompts import distinct_prompts, prefill  # noqa: E402
 from literl.rollout.generator import SamplingParams  # noqa: E402
 from literl.rollout.hf_engine import HFEngine  # noqa: E402
 from literl.rollout.sampling import sample_next_token  # noqa: E402

@@ -2,7 +2,7 @@
 
 The benchmark Qwen3 body (hidden 256, 4 layers) with a 151,936-token tied head; 64 responses × 512 tokens
 after 32-token prompts, forward and backward of Σ w·logp + 0.01·Σ w·H. Measured, each in a fresh process:
-  chunked  `literl.training.logprobs.token_logprobs(..., with_entropy=True)` at full size
+  chunked  `literl.model.PolicyForward.token_logprobs(..., with_entropy=True)` at full size
   body     the decoder alone (its activations), so that chunked − body is what the head adds
   direct   full logits + log_softmax; its logits alone are 64 × 512 × 151,936 × 4 B = 18.5 GiB, so it runs at a
            few rows and is extrapolated linearly in rows (its memory is linear in rows)
@@ -51,7 +51,7 @@ def _direct(model, tokens_BL, prompt_len_B, T):
 
 def child(mode: str, rows: int, prompt: int, response: int, vocab: int, device: str, checkpoint: bool,
           threads: int) -> dict:
-    from literl.training.logprobs import token_logprobs
+    from literl.model import PolicyForward
 
     workload.set_threads(threads)
     dev = torch.device(device)
@@ -69,7 +69,8 @@ def child(mode: str, rows: int, prompt: int, response: int, vocab: int, device: 
         before = workload.rss_bytes()
     start = time.perf_counter()
     if mode == "chunked":
-        logp_BT, entropy_BT = token_logprobs(model, tokens_BL, prompt_len_B, response, with_entropy=True)
+        logp_BT, entropy_BT = PolicyForward(model).token_logprobs(tokens_BL, prompt_len_B, response,
+                                                                   with_entropy=True)
     elif mode == "direct":
         logp_BT, entropy_BT = _direct(model, tokens_BL, prompt_len_B, response)
     else:

@@ -4,8 +4,8 @@
 Passes, run round-robin (medians over repeats):
   train  forward + backward of Σ w·logp + 0.01 Σ w·H   (the update's micro-batch)
   nograd forward only under torch.no_grad              (old_logp / ref_logp passes)
-for `direct` (full logits from the model's forward, log_softmax), `chunked` (`token_logprobs`) and
-`chunked_masked` (`token_logprobs(mask_BT=...)`: the head skips padding). Prints one JSON line.
+for `direct` (full logits from the model's forward, log_softmax), `chunked` (`PolicyForward.token_logprobs`) and
+`chunked_masked` (`PolicyForward.token_logprobs(mask_BT=...)`: the head skips padding). Prints one JSON line.
 
     python benchmarks/logprob_speed.py --repeats 7
 """
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import workload  # noqa: E402
-from literl.training.logprobs import token_logprobs  # noqa: E402
+from literl.model import PolicyForward  # noqa: E402
 
 
 def _batch(tokenizer, response_tokens: int, seed: int = 0):
@@ -63,12 +63,13 @@ def main(argv=None) -> None:
     tokens_BL, prompt_len_B, mask_BT = _batch(tokenizer, args.response_tokens)
     T = args.response_tokens
     weight_BT = mask_BT.float() / mask_BT.sum()
+    forward = PolicyForward(model)
 
     def compute(kind, with_entropy):
         if kind == "direct":
             return _direct(model, tokens_BL, prompt_len_B, T, with_entropy)
-        return token_logprobs(model, tokens_BL, prompt_len_B, T, with_entropy=with_entropy,
-                              mask_BT=mask_BT if kind == "chunked_masked" else None)
+        return forward.token_logprobs(tokens_BL, prompt_len_B, T, with_entropy=with_entropy,
+                                      mask_BT=mask_BT if kind == "chunked_masked" else None)
 
     def train(kind):
         def run(_):

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 import torch
 
 from literl.rewards.isolation import time_bounded
-from literl.training.replay import replay_source
 
 
 @time_bounded
@@ -50,7 +49,7 @@ class LiterlStepper:
     def __init__(self, model, tokenizer, problems: list[dict], *, threads: int, group_size: int,
                  max_new_tokens: int, extra_overrides: tuple[str, ...] = ()):
         import literl
-        from literl.training.components import build_components
+        from literl.components import build_components
         from literl.training.trainer import Trainer
 
         self._tmp = tempfile.TemporaryDirectory(prefix="literl-step-speed-")
@@ -81,7 +80,7 @@ class LiterlStepper:
 
         def update_noting_replay(train):
             # Asked before the update: its optimizer step makes the record stale.
-            self._replayed = replay_source(train.extras, parts.policy) is not None
+            self._replayed = parts.policy_forward.replays(train.forward_record)
             return update(train)
 
         parts.collector.collect = timed("rollout", collect)
@@ -114,7 +113,7 @@ class LiterlStepper:
             "responses": float(len(train)),
             "zero_advantage_responses": float(_zero_advantage_rows(train.adv_BT, train.loss_mask_BT)),
             "zero_reward_std_groups": metrics["groups/zero_std_frac"] * len(train) / self.cfg.rollout.group_size,
-            # 1: the update replayed the rollout's forward (literl/training/replay.py), 4N FLOPs per trained token
+            # 1: the update replayed the rollout's forward (literl/model/record.py), 4N FLOPs per trained token
             "replayed_update": float(self._replayed),
         }
 

@@ -1,9 +1,16 @@
 """Batches that flow through a step: what the rollout produced, and what the objective prepared.
 
-Dimension key (suffixes on every tensor that crosses a function boundary):
-    P  prompts per step          G  samples per prompt (group size)     B = P·G sequences
-    T  response tokens (padded)  L  prompt + response tokens (padded)   V  vocabulary
-    E  experts                   K  experts per token (top-k)           N  layers
+Dimension key: the suffix letters on every tensor that crosses a function boundary, one meaning each.
+    the batch      P  prompts per step        G  samples per prompt (group size)   B = P·G rows (sequences)
+                   T  response tokens (padded)   L  prompt + response tokens (padded)   V  vocabulary (or a tile)
+    the model      H  hidden size     D  head dimension     Q  query heads     J  key/value heads
+                   Z  query heads per key/value head (Q = J·Z)     F  a projection's output features (q|k|v, …)
+                   I, O  a linear map's input and output features     N  decoder layers
+                   E  experts         K  experts chosen per token (top-k)
+    a forward      R  a subset of the rows (one forward's, the live "slots" of a decode, the rows a scan reads)
+                   U  distinct prompts     X  prompt columns (left-padded)     W  response columns of one forward
+                   S  key columns attended over (a decode cache's capacity; prefix + W)
+                   M  packed tokens (valid positions, flattened)     C  tokens of one tile of the LM head
 
 The four log-probs, one name each:
     rollout_logp  log μ(y_t): what the inference engine reported while sampling (no grad)
@@ -17,21 +24,27 @@ Layout: `tokens_BL` holds each row's prompt then its response, right-padded with
 of row b sits at `tokens_BL[b, prompt_len_B[b] + t]` and equals `response_ids_BT[b, t]`. Right padding lets
 training forwards run with a plain causal mask (pads come last, so no real token ever attends to one).
 
-Per-token extras (MoE routes, ...) ride in `extras`, keyed with their shape suffix (`routes_BTNK`), and are
-sliced with the batch like every other field; a value that is not a tensor (the rollout's forward record,
-`literl.rollout.recording`) rides along whole, whatever rows are selected.
+Per-token extras (MoE routes, engine log-probs, ...) ride in `extras`, tensors keyed with their shape suffix
+(`rollout_routes_BLNK`), and are sliced and trimmed with the batch like every other field. The record of the
+rollout's forward (`forward_record`, `literl.model.record.ForwardRecord`) is a typed field: its buffers stay
+whole, and selecting rows selects its per-row index.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+if TYPE_CHECKING:
+    from literl.model.record import ForwardRecord
+
 
 def slice_rows(value: Any, index: torch.Tensor):
+    """The rows `index` of a per-row value: a tensor's, a list's, each entry of a dict, or an object's own
+    `select` (the forward record); other values are not per-row and stay whole."""
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
@@ -40,6 +53,8 @@ def slice_rows(value: Any, index: torch.Tensor):
         return [value[i] for i in index.tolist()]
     if isinstance(value, dict):
         return {k: slice_rows(v, index) for k, v in value.items()}
+    if hasattr(value, "select"):
+        return value.select(index)
     return value
 
 
@@ -104,7 +119,8 @@ class RolloutBatch(_Rows):
     problem_B: torch.Tensor            # long: index of the problem in its dataset
     responses: list[str] = field(default_factory=list)
     problems: list[dict] = field(default_factory=list)   # the problem record of each row (id, answer, tier...)
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)     # per-token tensors (see the module doc)
+    forward_record: "ForwardRecord | None" = None    # the rollout's forward, when an on-policy update may replay it
     pad_id: int = 0
 
 
@@ -130,8 +146,12 @@ class TrainBatch(_Rows):
     weight_BT: torch.Tensor            # aggregation weight for the policy loss, normalised per optimizer step
     minibatch_B: torch.Tensor          # long: which optimizer step of this rollout batch the row belongs to
     group_B: torch.Tensor              # long: prompt/group id (the group-level aggregations need it)
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    forward_record: "ForwardRecord | None" = None
     pad_id: int = 0
+    step_share: float = 1.0            # this micro-batch's share of its optimizer step's response tokens
+
+    _scalars: ClassVar[tuple[str, ...]] = ("pad_id", "step_share")
 
     def minibatches(self) -> list["TrainBatch"]:
         """One batch per optimizer step, in order."""
@@ -157,4 +177,6 @@ class TrainBatch(_Rows):
             current_max = new_max
         if current:
             chunks.append(current)
-        return [self.select(torch.tensor(c)).trimmed() for c in chunks]
+        micros = [self.select(torch.tensor(c)).trimmed() for c in chunks]
+        total = max(self.num_tokens, 1)
+        return [dataclasses.replace(micro, step_share=micro.num_tokens / total) for micro in micros]

@@ -53,7 +53,8 @@ class LoraSpec:
 class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory (or hub id when the hub is reachable). "
                                   "null: the embedded testbed model")
-    testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro")
+    testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro | moe (a tiny "
+                                "Qwen3-MoE, 8 experts, 2 per token, warmed up like base: docs/testbed.md)")
     profile: str = knob("auto", "defaults for the keys left null (response length, sampling, lr, eval benchmarks, "
                                 "system prompt): testbed | real (the seed study's setup, algorithms.md §8.1, with "
                                 "max_new_tokens capped by the model's context) | auto (real for a Hugging Face "
@@ -61,7 +62,7 @@ class ModelConfig:
     dtype: str = knob("float32", "training precision: float32 | bfloat16")
     reference: str | None = knob(None, "reference model for KL; null: a frozen copy of the starting policy (with "
                                        "LoRA: the policy with its adapters switched off, no copy)")
-    lora: LoraSpec = knob(help="LoRA adapters (literl/training/lora.py): only they train; final/ holds the merged "
+    lora: LoraSpec = knob(help="LoRA adapters (literl/lora.py): only they train; final/ holds the merged "
                                "model and final/adapter/", factory=LoraSpec)
 
 
@@ -87,10 +88,35 @@ class DataConfig:
     difficulty: str = knob("mixed", "testbed training tier: easy | medium | hard | mixed")
     size: int = knob(20000, "testbed training problems to generate")
     limit: int | None = knob(None, "use only the first N training problems (N >= 1); null: all of them")
+    overlong_prompts: str = knob("skip", "problems whose prompt + rollout.max_new_tokens exceeds the model's "
+                                         "positions: skip (with a counted warning) | error")
+
+
+@dataclass
+class VllmConfig:
+    python: str | None = knob(None, "the vLLM engine environment's python; null: $LITERL_VLLM_PYTHON, else .venv-vllm "
+                                    "(./run.sh vllm-setup), else this python when it has vllm")
+    gpu_memory_utilization: float = knob(0.5, "GPU: fraction of the GPU's memory vLLM may take for its weights and KV "
+                                              "cache (the trainer shares the GPU), in (0, 1]")
+    kv_cache_gib: float | None = knob(None, "KV-cache memory in GiB; null: 1 on CPU, what gpu_memory_utilization "
+                                            "leaves on GPU")
+    tensor_parallel_size: int = knob(1, "GPUs the engine shards the model over")
+    enforce_eager: bool = knob(True, "run vLLM's model eagerly: the engine starts in seconds; false compiles it "
+                                     "(CPU, float32: ~40 s more at start, generation ~40% faster; docs/vllm.md)")
+    max_model_len: int | None = knob(None, "longest prompt + response the engine serves; null: the model's "
+                                           "max_position_embeddings")
+    weight_sync: str = knob("auto", "how weights reach the engine after each step: auto (ipc when the policy is on "
+                                    "a GPU, else file) | file (a safetensors file in /dev/shm, reloaded in place) | "
+                                    "ipc (vLLM's CUDA-IPC weight transfer; untested)")
+    start_timeout_s: float = knob(600.0, "seconds the engine may take to start before the run stops with its log")
+    extra: dict[str, Any] = knob(help="more vllm.LLM(...) keyword arguments, passed as they are "
+                                      "(e.g. rollout.vllm.extra={max_num_seqs: 128})", factory=dict)
 
 
 @dataclass
 class RolloutConfig:
+    engine: str = knob("hf", "rollout engine: hf (literl's own, in the trainer's process) | vllm (vLLM in its own "
+                             "process and environment, settings in rollout.vllm; docs/vllm.md)")
     prompts_per_step: int = knob(32, "P: prompts per rollout batch")
     group_size: int = knob(8, "G: samples per prompt")
     temperature: float | None = knob(None, "sampling temperature, > 0 (the log-probs of every policy use it too); "
@@ -101,14 +127,18 @@ class RolloutConfig:
     max_new_tokens: int | None = knob(None, "generation cap; a response that reaches it without EOS is truncated; "
                                             "null: the profile's (testbed 64; real 8192, capped by the model's "
                                             "context)")
-    dtype: str = knob("float32", "rollout precision: float32 | bfloat16 (bfloat16 makes a real "
-                                 "training–inference mismatch to study IS corrections on CPU)")
+    dtype: str = knob("float32", "rollout precision: float32 | bfloat16 | float8_e4m3. bfloat16 makes a real "
+                                 "training–inference mismatch to study IS corrections on CPU; float8_e4m3 rounds the "
+                                 "engine's projection weights to FP8 E4M3 (a scale per output channel) and computes in "
+                                 "bfloat16, the MiniRL paper's FP8-inference stress test (literl/model/quantize.py)")
     max_rounds: int = knob(1, "sampling rounds per step; >1 lets a group filter (dynamic sampling) refill "
                               "the batch")
     decode: str = knob("auto", "decode path: auto (static KV cache when the model's structure allows it) | "
                                "static | dynamic (the model's own forward with a growing cache)")
     compile: bool = knob(False, "torch.compile the static decode step with its sampling, and the prefill (~20-40 s "
                                 "once; rollout ~25% faster on the speed benchmark, docs/speed.md; for long runs)")
+    vllm: VllmConfig = knob(help="the vLLM engine (rollout.engine=vllm); rollout.dtype is its precision",
+                            factory=VllmConfig)
 
 
 @dataclass
@@ -126,6 +156,9 @@ class RewardConfig:
     fns: list[RewardFnSpec] = knob(help="reward functions, summed with weights; the first one decides "
                                         "accuracy (output >= 0.5)", factory=lambda: [RewardFnSpec()])
     timeout_s: float = knob(5.0, "wall-clock bound per reward check; a check that runs over scores 0")
+    step_timeout_s: float = knob(120.0, "wall-clock budget for all reward checks of one step; once spent, the "
+                                        "remaining slow checks score 0 and count as timeouts (a collapsed policy "
+                                        "repeating hostile answers cannot stall a step for minutes)")
 
 
 @dataclass
@@ -159,6 +192,16 @@ class AlgorithmConfig:
     group_filter: TrickSpec = knob(help="which groups enter the batch (dynamic sampling)",
                                    factory=lambda: trick("keep_all"))
     bypass_mode: bool = knob(False, "use the rollout engine's log-probs as old_logp (no recompute pass)")
+    routing_replay: str = knob(
+        "none", "MoE Routing Replay (algorithms.md §6): none | r2 (every update forward replays the experts the "
+                "trainer chose with θ_old in the old-log-prob pass) | r3 (the old-log-prob pass and every update "
+                "forward replay the experts the inference engine chose while sampling). The gate weights are "
+                "recomputed from the current router logits at the replayed experts, so the router keeps its gradient; "
+                "the reference model never replays. Needs a mixture-of-experts model")
+    router_aux_loss_coef: float = knob(
+        0.0, "weight of the MoE router's load-balancing loss (Switch Transformer: E·Σ_e f_e·P_e per MoE layer, "
+             "averaged over layers) added to the RL loss; 0 (default) turns it off, as RL engines do (a model's own "
+             "router_aux_loss_coef from pretraining is not used)")
 
 
 @dataclass
@@ -181,7 +224,12 @@ class TrainerConfig:
                                           "unit; exactness does not depend on it)")
     output_dir: str | None = knob(None, "run directory; null: runs/<preset>-<timestamp>")
     resume: bool = knob(False, "continue the run in output_dir from its last checkpoint")
-    save_every: int = knob(0, "checkpoint every N steps (0: only at the end and on Ctrl-C)")
+    save_every: int = knob(0, "checkpoint every N steps (0: by time only, see save_every_minutes; a checkpoint is "
+                              "also written at the end, on Ctrl-C/SIGTERM and, best effort, when the loop fails)")
+    save_every_minutes: float = knob(30.0, "checkpoint when this many minutes have passed since the last one "
+                                           "(0: off); bounds the work a crash can lose")
+    max_non_finite_steps: int = knob(3, "optimizer steps with a NaN/inf loss or gradient are skipped; this many "
+                                        "in a row stop the run with an error (0: never stop)")
     keep_checkpoints: int = knob(2, "how many recent checkpoints to keep (0: keep all)")
     log_samples: int = knob(4, "sample responses written to samples.jsonl per step")
     trackers: list[str] = knob(help="extra metric sinks: tensorboard, wandb", factory=list)
@@ -196,7 +244,7 @@ class TrainerConfig:
     replay_max_gib: float = knob(2.0, "memory (GiB) the rollout may use to keep its decode's matmul outputs, so "
                                       "that an update with the rollout's own weights (on-policy, engine sampling "
                                       "from the policy itself) replays them instead of recomputing its forward "
-                                      "matmuls (literl/training/replay.py); 0 turns this off")
+                                      "matmuls (literl/model/record.py); 0 turns this off")
     retain_host_memory: bool = knob(True, "on CPU with glibc: keep freed memory in the process for the next "
                                           "step instead of returning it to the OS (no page faults on each "
                                           "step's large tensors; ~2-7% faster steps, resident memory stays "
@@ -237,4 +285,4 @@ class Config:
 
 
 __all__ = ["Config", "ConfigError", "TrickSpec", "trick", "ModelConfig", "LoraSpec", "DataConfig", "RolloutConfig",
-           "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig", "EvalConfig"]
+           "VllmConfig", "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig", "EvalConfig"]

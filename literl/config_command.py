@@ -44,6 +44,8 @@ def run_config(args: argparse.Namespace) -> int:
     from literl.plugins import import_user_modules, imports_override, load_entry_points, with_imports
     from literl.registry import ConfigError
 
+    from literl.objective import Objective
+
     try:
         load_entry_points()
         import_user_modules(args.imports)
@@ -56,7 +58,8 @@ def run_config(args: argparse.Namespace) -> int:
             base = load_config(preset=preset, config_file=args.config_file, overrides=overrides)
             overrides.append(imports_override(with_imports(base.imports, args.imports)))
         cfg = load_config(preset=preset, config_file=args.config_file, overrides=overrides)
-    except ConfigError as err:
+        Objective.from_config(cfg)      # values a trick rejects only when it runs
+    except (ConfigError, ValueError) as err:
         print(f"literl config: {err}", file=sys.stderr)
         return 2
     print(to_yaml(resolve(cfg)))

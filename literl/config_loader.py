@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from yaml import YAMLError
 
 from literl.config import Config, TrickSpec
 from literl.config_rules import MULTI_TRICKS, SINGLE_TRICKS, validate
@@ -386,7 +387,8 @@ def resolve(cfg: Config, *, external_model: bool = False, model_context: int | N
                          "read from data.dir (--data-dir) or $LITERL_DATA_DIR, and neither is set; set one, or "
                          "name files or benchmarks with eval.benchmarks=[...]")
     if out.model.lora.rank > 0 and out.trainer.replay_max_gib > 0:
-        # The replayed forward reads the projection weights directly, which would leave the adapters out.
+        # A record keeps plain linear projections (literl.model.record.can_record): LoRA layers have none to keep,
+        # and a replay of the base weights would leave the adapters out.
         out.trainer = dataclasses.replace(out.trainer, replay_max_gib=0.0)
         notes.append("trainer.replay_max_gib=0: with LoRA the update computes its forward instead of replaying the "
                      "rollout's (the replay reads the base weights, without the adapters)")
@@ -405,9 +407,16 @@ def to_yaml(cfg: Config) -> str:
 
 
 def from_yaml_file(path: str | Path) -> Config:
-    """Read a saved (resolved) config back, e.g. a run directory's config.yaml."""
-    node = OmegaConf.merge(OmegaConf.structured(Config()), OmegaConf.load(path))
-    return OmegaConf.to_object(node)
+    """Read a saved (resolved) config back, e.g. a run directory's config.yaml; ConfigError names the file."""
+    try:
+        loaded = OmegaConf.load(path)
+        if not OmegaConf.is_dict(loaded):
+            raise ConfigError(f"it holds {_kind(OmegaConf.to_container(loaded) if loaded is not None else None)}, "
+                              "not a map of config sections")
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config()), loaded))
+    except (OSError, ValueError, YAMLError, OmegaConfBaseException) as err:
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"{path} is not a readable literl config ({detail})") from None
 
 
 # ---------------------------------------------------------------------------------------------- explain
@@ -440,7 +449,8 @@ def explain() -> str:
         for name in registry.names():
             params = ", ".join(f"{k}={v!r}" for k, v in registry.params_of(name).items())
             doc = (registry.get(name).__doc__ or "").strip().splitlines()[0]
-            lines.append(f"    {name}({params})  — {doc}")
+            ranges = "; ".join(f"{k} {v}" for k, v in registry.ranges_of(name).items())
+            lines.append(f"    {name}({params})  — {doc}" + (f"\n      valid: {ranges}" if ranges else ""))
     return "\n".join(lines)
 
 

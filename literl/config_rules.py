@@ -1,10 +1,16 @@
 """Which config values and tricks work together: `validate` checks every trick against its registry and every
 cross-key rule in one place. Compatibility rules about trick names live here and nowhere else outside the
 registries (style.md §3.5); `literl.config_loader.load_config` calls `validate` on every config it builds.
+
+Values a trick can only reject when it runs (a soft-overlong cache longer than the generation cap) are caught by
+the objective's self-check when it is built (`literl.objective.Objective.from_config`): once per run, before the
+model loads, and by `literl config` / `literl ablate` for the configs they check.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import warnings
 
 from literl.config import Config
@@ -16,16 +22,19 @@ SINGLE_TRICKS = {"advantage": "advantage", "policy_loss": "policy_loss", "aggreg
 MULTI_TRICKS = {"loss_masks": "loss_mask", "reward_shaping": "reward_shaping"}
 CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
-    "rollout.dtype": ("float32", "bfloat16"),
+    "rollout.dtype": ("float32", "bfloat16", "float8_e4m3"),
+    "algorithm.routing_replay": ("none", "r2", "r3"),
     "rollout.decode": ("auto", "static", "dynamic"),
+    "rollout.engine": ("hf", "vllm"),
     "optim.schedule": ("constant", "linear", "cosine"),
     "trainer.recompute_old_logp": ("auto", "always"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "data.template": ("auto", "plain", "chat", "raw"),
     "data.difficulty": ("easy", "medium", "hard", "mixed"),
-    "model.testbed": ("base", "aligned", "micro"),
+    "model.testbed": ("base", "aligned", "micro", "moe"),
     "model.profile": ("auto", "testbed", "real"),
     "algorithm.aggregation_normaliser": ("global", "local"),
+    "data.overlong_prompts": ("skip", "error"),
 }
 
 
@@ -34,21 +43,57 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_vllm(r) -> None:
+    v = r.vllm
+    _check(r.engine != "vllm" or r.dtype in ("float32", "bfloat16"),
+           f"rollout.engine=vllm runs rollout.dtype=float32 or bfloat16, not {r.dtype} (literl's FP8-like rounding "
+           "is its own engine's: use rollout.engine=hf; vLLM's own FP8, rollout.vllm.extra={quantization: fp8}, "
+           "needs a GPU and is untested here)")
+    _check(v.weight_sync in ("auto", "file", "ipc"),
+           f"rollout.vllm.weight_sync={v.weight_sync!r} is not one of: auto, file, ipc")
+    _check(0 < v.gpu_memory_utilization <= 1,
+           f"rollout.vllm.gpu_memory_utilization={v.gpu_memory_utilization} must be in (0, 1]")
+    _check(v.kv_cache_gib is None or v.kv_cache_gib > 0,
+           f"rollout.vllm.kv_cache_gib={v.kv_cache_gib} must be > 0, or null for the default")
+    _check(v.tensor_parallel_size >= 1, f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size} must be >= 1")
+    _check(v.max_model_len is None or v.max_model_len >= 2,
+           f"rollout.vllm.max_model_len={v.max_model_len} must be >= 2, or null for the model's own")
+    _check(v.start_timeout_s > 0, f"rollout.vllm.start_timeout_s={v.start_timeout_s} must be > 0")
+
+def _check_finite(node, prefix: str = "") -> None:
+    """NaN or ±inf in any setting (optim.lr=inf, rescale.low=nan) would poison every weight: refuse it at load."""
+    if dataclasses.is_dataclass(node):
+        items = [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)]
+    elif isinstance(node, dict):
+        items = list(node.items())
+    elif isinstance(node, (list, tuple)):
+        items = list(enumerate(node))
+    else:
+        if isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(f"{prefix}={node} is not a finite number; give a finite value (for no limit, "
+                              f"leave the key unset or use its documented 'off' value)")
+        return
+    for key, value in items:
+        _check_finite(value, f"{prefix}.{key}" if prefix else str(key))
+
+
 def validate(cfg: Config) -> None:
     """Every rule about which values and tricks work together, in one function."""
     from literl.plugins import import_user_modules, load_entry_points
     from literl.tricks import ALL
 
+    _check_finite(cfg)
     # The user's own tricks register when their modules import: before any name is checked.
     load_entry_points()
     import_user_modules(cfg.imports)
     algo = cfg.algorithm
+    context = {"max_new_tokens": cfg.rollout.max_new_tokens}    # what Objective.from_config fills in
     for field_name, axis in SINGLE_TRICKS.items():
         spec = getattr(algo, field_name)
-        ALL[axis].check(spec.name, spec.params, where=f"algorithm.{field_name}")
+        ALL[axis].check(spec.name, spec.params, where=f"algorithm.{field_name}", context=context)
     for field_name, axis in MULTI_TRICKS.items():
         for name, params in getattr(algo, field_name).items():
-            ALL[axis].check(name, params or {}, where=f"algorithm.{field_name}.{name}")
+            ALL[axis].check(name, params or {}, where=f"algorithm.{field_name}.{name}", context=context)
     for key, valid in CHOICES.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
@@ -85,9 +130,14 @@ def validate(cfg: Config) -> None:
     _check(algo.kl_coef >= 0, f"algorithm.kl_coef={algo.kl_coef} must be >= 0 (0 disables the KL term)")
     _check(algo.entropy_coef >= 0, f"algorithm.entropy_coef={algo.entropy_coef} must be >= 0 (0 disables the "
                                    "entropy bonus)")
+    _check(algo.router_aux_loss_coef >= 0, f"algorithm.router_aux_loss_coef={algo.router_aux_loss_coef} must be >= 0 "
+                                           "(0 turns the MoE load-balancing loss off)")
     _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1, or null for all cores")
-    _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0: save only at the end and on "
-                              "Ctrl-C)")
+    _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0: save by time only, "
+                              "trainer.save_every_minutes)")
+    _check(t.save_every_minutes >= 0, f"trainer.save_every_minutes={t.save_every_minutes} must be >= 0 (0: off)")
+    _check(t.max_non_finite_steps >= 0, f"trainer.max_non_finite_steps={t.max_non_finite_steps} must be >= 0 "
+                                        "(0: never stop on non-finite steps)")
     _check(t.keep_checkpoints >= 0, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 0 (0: keep all)")
     _check(t.log_samples >= 0, f"trainer.log_samples={t.log_samples} must be >= 0")
     _check(r.max_rounds >= 1, "rollout.max_rounds must be >= 1 (1 = no resampling)")
@@ -99,6 +149,9 @@ def validate(cfg: Config) -> None:
     _check(t.replay_max_gib >= 0, f"trainer.replay_max_gib={t.replay_max_gib} must be >= 0 (0 turns replay off)")
     _check(ev.samples >= 1, "eval.samples must be >= 1")
     _check(cfg.reward.timeout_s > 0, "reward.timeout_s must be > 0")
+    _check(cfg.reward.step_timeout_s >= cfg.reward.timeout_s,
+           f"reward.step_timeout_s={cfg.reward.step_timeout_s} must be >= reward.timeout_s={cfg.reward.timeout_s} "
+           "(the step's budget holds at least one full check)")
     _check(len(cfg.reward.fns) >= 1, "reward.fns needs at least one function (the first decides accuracy)")
     for fn in cfg.reward.fns:
         _check(":" in fn.fn, f"reward fn '{fn.fn}' must be an import path 'package.module:function'")
@@ -113,10 +166,15 @@ def validate(cfg: Config) -> None:
         _check(tracker in ("tensorboard", "wandb"), f"trainer.trackers: unknown tracker '{tracker}' "
                                                      "(valid: tensorboard, wandb)")
 
+    _check_vllm(r)
+
     # Combinations that silently do the wrong thing in other frameworks.
     _check(not (algo.policy_loss.name == "minirl" and algo.is_correction.name != "none"),
            "algorithm.policy_loss=minirl already weights tokens by π_θ/μ_old (with its own TIS); set "
            "algorithm.is_correction.name=none, or use minirl's params (tis_cap, train_infer_is)")
+    _check(not (algo.bypass_mode and algo.routing_replay == "r2"),
+           "algorithm.routing_replay=r2 replays the routes of the old-log-prob pass, which algorithm.bypass_mode "
+           "skips; use routing_replay=r3 (the engine's routes) or turn bypass_mode off")
     _check(not (algo.bypass_mode and algo.is_correction.name != "none"),
            "algorithm.bypass_mode uses the rollout log-probs as old_logp, so the ratio already covers the "
            "training–inference gap and an IS correction would always be 1; set algorithm.is_correction.name=none")
@@ -128,9 +186,3 @@ def validate(cfg: Config) -> None:
                       "set rollout.max_rounds>1 to resample (DAPO dynamic sampling)")
     if algo.kl_in_reward and algo.kl_coef == 0:
         warnings.warn("algorithm.kl_in_reward=true has no effect while algorithm.kl_coef=0")
-
-    from literl.config_loader import resolve  # noqa: PLC0415 - config_loader imports this module
-    from literl.objective import Objective  # noqa: PLC0415 - the objective imports this module's users
-
-    # The tricks see the run's values (a length-dependent trick needs max_new_tokens): the profile's, for nulls.
-    Objective.from_config(resolve(cfg)).self_check()

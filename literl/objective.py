@@ -3,6 +3,7 @@
     L(θ) = Σ_{b,t} w_bt · ( c_bt · ℓ_policy(logp, old_logp, rollout_logp, A)_bt
                             + β · KL_est(logp, ref_logp)_bt            (KL as a loss term)
                             − c_H · H_bt )                             (entropy bonus)
+           + λ_aux · aux                                               (MoE load balancing, off by default)
 
     w  = aggregation weights: numerator_bt / Σ denominator, computed once per optimizer step over the
          whole step batch, with the loss mask folded in (response ∧ loss masks ∧ IS keep)
@@ -25,9 +26,9 @@ from typing import Callable
 import torch
 
 from literl.batch import RolloutBatch, TrainBatch
-from literl.diagnostics.importance import is_decomposition, mismatch_metrics
+from literl.diagnostics.importance import is_decomposition
 from literl.ops import dense_group_index, group_min_max, masked_mean
-from literl.training.metrics import scalars
+from literl.metric_reduction import scalars
 from literl.tricks import (ADVANTAGES, AGGREGATIONS, GROUP_FILTERS, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_MASKS,
                            POLICY_LOSSES, REWARD_SHAPING)
 
@@ -47,23 +48,31 @@ class Objective:
     def __init__(self, *, advantage: Callable, policy_loss: Callable, aggregation: Callable,
                  is_correction: Callable, kl: Callable, kl_coef: float, kl_in_reward: bool, entropy_coef: float,
                  loss_masks: list[Callable], reward_shaping: list[Callable], group_filter: Callable,
-                 bypass_mode: bool, local_normaliser: bool = False):
+                 bypass_mode: bool, local_normaliser: bool = False, routing_replay: str = "none",
+                 router_aux_coef: float = 0.0):
         self.advantage, self.policy_loss, self.aggregation = advantage, policy_loss, aggregation
         self.is_correction, self.kl, self.group_filter = is_correction, kl, group_filter
         self.kl_coef, self.kl_in_reward, self.entropy_coef = kl_coef, kl_in_reward, entropy_coef
         self.loss_masks, self.reward_shaping, self.bypass_mode = loss_masks, reward_shaping, bypass_mode
         self.local_normaliser = local_normaliser
+        self.routing_replay, self.router_aux_coef = routing_replay, router_aux_coef
 
     @classmethod
     def from_config(cls, cfg) -> "Objective":
-        """Build every axis from a full `Config` (the run's max_new_tokens is context for some tricks)."""
+        """Build every axis from a full `Config` (the run's max_new_tokens is context for some tricks), and run it
+        once on a tiny synthetic batch (`self_check`), so that a parameter value no trick can run with fails
+        here, not at step 300."""
+        if cfg.rollout.max_new_tokens is None:      # not resolved yet: the profile's value (literl/profiles.py)
+            from literl.config_loader import resolve  # noqa: PLC0415 - config_loader's rules import this module
+
+            cfg = resolve(cfg)
         a = cfg.algorithm
         ctx = {"max_new_tokens": cfg.rollout.max_new_tokens}
 
         def one(registry, spec, where):
             return registry.build(spec.name, spec.params, where=f"algorithm.{where}", context=ctx)
 
-        return cls(
+        objective = cls(
             advantage=one(ADVANTAGES, a.advantage, "advantage"),
             policy_loss=one(POLICY_LOSSES, a.policy_loss, "policy_loss"),
             aggregation=one(AGGREGATIONS, a.aggregation, "aggregation"),
@@ -75,8 +84,11 @@ class Objective:
             reward_shaping=[REWARD_SHAPING.build(n, p or {}, where=f"algorithm.reward_shaping.{n}", context=ctx)
                             for n, p in a.reward_shaping.items()],
             kl_coef=a.kl_coef, kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef, bypass_mode=a.bypass_mode,
-            local_normaliser=a.aggregation_normaliser == "local",
+            local_normaliser=a.aggregation_normaliser == "local", routing_replay=a.routing_replay,
+            router_aux_coef=a.router_aux_loss_coef,
         )
+        objective.self_check()
+        return objective
 
     # ------------------------------------------------------------------------------------ what the loop asks
     @property
@@ -88,12 +100,14 @@ class Objective:
 
         It need not when it can be read off the update itself: with one on-policy mini-batch, θ = θ_old in
         the only forward, so old_logp = sg(logp) exactly — unless something in `prepare` (an IS correction,
-        a KL reward penalty) needs it first. Bypass mode never recomputes: old_logp := rollout_logp.
+        a KL reward penalty) needs it first, or R2 Routing Replay needs the experts that pass chooses (algorithms.md
+        §6). Bypass mode never recomputes: old_logp := rollout_logp.
         """
         if self.bypass_mode:
             return False
         identity_correction = getattr(self.is_correction, "is_identity", False)
-        return minibatches > 1 or not identity_correction or (self.kl_in_reward and self.kl_coef > 0)
+        return (minibatches > 1 or not identity_correction or (self.kl_in_reward and self.kl_coef > 0)
+                or self.routing_replay == "r2")
 
     def shape_rewards(self, scores_B: torch.Tensor, lengths_B: torch.Tensor, truncated_B: torch.Tensor):
         rewards_B = scores_B.float()
@@ -150,6 +164,7 @@ class Objective:
             mask_BT=mask_BT, loss_mask_BT=loss_mask_BT, rollout_logp_BT=batch.rollout_logp_BT,
             old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT, adv_BT=adv_BT, is_weight_BT=is_weight_BT.detach(),
             weight_BT=weight_BT, minibatch_B=minibatch_B, group_B=batch.group_B, extras=dict(batch.extras),
+            forward_record=batch.forward_record,
             pad_id=batch.pad_id)
         return train, scalars(metrics)
 
@@ -185,8 +200,11 @@ class Objective:
         return local
 
     # ------------------------------------------------------------------------------------ once per micro-batch
-    def loss(self, logp_BT: torch.Tensor, mb: TrainBatch, entropy_BT: torch.Tensor | None = None) -> LossOutput:
-        """This micro-batch's share of the step loss: Σ w · (c·ℓ + β·KL − c_H·H)."""
+    def loss(self, logp_BT: torch.Tensor, mb: TrainBatch, entropy_BT: torch.Tensor | None = None,
+             aux_loss: torch.Tensor | None = None) -> LossOutput:
+        """This micro-batch's share of the step loss: Σ w · (c·ℓ + β·KL − c_H·H), plus λ_aux times the forward's
+        auxiliary loss (the MoE load balancing of its tokens) weighted by the micro-batch's share of the optimizer
+        step's response tokens."""
         mask_BT = mb.loss_mask_BT
         old_logp_BT = mb.old_logp_BT if mb.old_logp_BT is not None else logp_BT.detach()
         policy_BT, policy_metrics = self.policy_loss(logp_BT, old_logp_BT, mb.rollout_logp_BT, mb.adv_BT, mask_BT)
@@ -209,10 +227,12 @@ class Objective:
             entropy_term = torch.where(w_BT != 0, w_BT * entropy_BT, zero).sum()
             total = total - self.entropy_coef * entropy_term
             metrics["loss/entropy_bonus"] = entropy_term.detach()
+        if self.router_aux_coef > 0 and aux_loss is not None:
+            aux_term = mb.step_share * aux_loss
+            total = total + self.router_aux_coef * aux_term
+            metrics["loss/router_aux"] = aux_term.detach()
         metrics["loss/total"] = total.detach()
-        with torch.no_grad():
-            metrics.update(_prefixed("mismatch", mismatch_metrics(old_logp_BT, mb.rollout_logp_BT, mb.mask_BT)))
-            metrics.update(is_decomposition(logp_BT.detach(), old_logp_BT, mb.rollout_logp_BT, mb.mask_BT))
+        metrics.update(is_decomposition(logp_BT.detach(), old_logp_BT, mb.rollout_logp_BT, mb.mask_BT))
         return LossOutput(total, {k: v.detach() if torch.is_tensor(v) else v for k, v in metrics.items()},
                           token_maps, int(mask_BT.sum()))
 

@@ -68,7 +68,38 @@ def tiny_qwen3_dir(tmp_path, char_tokenizer):
 
 
 @pytest.fixture
+def tiny_moe_dir(tmp_path, char_tokenizer):
+    """A tiny random Qwen3-MoE (8 experts, top-2, renormalised) and the character tokenizer, in one directory."""
+    from transformers import Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(tiny_qwen3_moe_config(vocab_size=len(char_tokenizer), num_experts=8,
+                                                      norm_topk_prob=True, eos_token_id=char_tokenizer.eos_token_id,
+                                                      pad_token_id=char_tokenizer.pad_token_id))
+    path = tmp_path / "tiny-moe"
+    model.save_pretrained(path)
+    char_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def token_logprobs(model, tokens_BL, prompt_len_B, T, *, temperature=1.0, with_entropy=False, chunk_tokens=None,
+                   vocab_block=None, mask_BT=None, compiled=False, record=None):
+    """`PolicyForward(model, ...).token_logprobs(...)` in one call: the runtime tests' keyword form (the head's
+    tile given as chunk_tokens × vocab_block)."""
+    from literl.model import PolicyForward
+    from literl.model.head import Tiling
+
+    tiling = None
+    if chunk_tokens is not None or vocab_block is not None:
+        tiling = Tiling.default(model.get_output_embeddings().out_features, next(model.parameters()).device,
+                                chunk_tokens=chunk_tokens, vocab_block=vocab_block)
+    forward = PolicyForward(model, temperature=temperature, compile=compiled, tiling=tiling)
+    return forward.token_logprobs(tokens_BL, prompt_len_B, T, mask_BT=mask_BT, with_entropy=with_entropy,
+                                  record=record)

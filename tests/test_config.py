@@ -84,11 +84,21 @@ def test_bad_value_type_and_bad_choice():
     assert "bfloat16" in str(err.value)
 
 
-def test_bad_param_value_fails_at_load_time():
-    """A value no trick can run with is caught by the objective's self-check, not at step 300."""
+def test_bad_param_value_fails_before_the_run_starts(tmp_path, capsys):
+    """A value no trick can run with is caught by the objective's self-check when the objective is built — the first
+    thing a run does, before its model loads (here a path that does not exist, never reached) — and by
+    `literl config`, not at step 300."""
+    from literl.cli import main
+    from literl.objective import Objective
+
+    bad = ["algorithm.reward_shaping.soft_overlong.cache_length=100", "rollout.max_new_tokens=64"]
     with pytest.raises((ConfigError, ValueError)):
-        load_config(preset="dr_grpo", overrides=["algorithm.reward_shaping.soft_overlong.cache_length=100",
-                                                 "rollout.max_new_tokens=64"])
+        Objective.from_config(load_config(preset="dr_grpo", overrides=bad))
+    assert main(["config", "--preset", "dr_grpo", *bad]) == 2
+    assert main(["train", "--preset", "dr_grpo", *bad, f"model.path={tmp_path / 'no-such-model'}",
+                 f"trainer.output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "cache_length" in err and "no-such-model" not in err
 
 
 def test_incompatible_combinations_are_refused():

@@ -276,6 +276,7 @@ def check_configs(spec: AblationSpec, out_dir: str | Path = "runs/ablation-check
     (the unit of the runner's progress bar).
     """
     from literl.config_loader import load_config
+    from literl.objective import Objective
 
     steps: dict[tuple[str, str], int] = {}
     for run in spec.plan(out_dir):
@@ -283,7 +284,8 @@ def check_configs(spec: AblationSpec, out_dir: str | Path = "runs/ablation-check
             continue
         try:
             cfg = load_config(preset=run.preset, overrides=[*run.overrides, f"seed={run.seed}"])
-        except ConfigError as err:
+            Objective.from_config(cfg)      # values a trick rejects only when it runs
+        except (ConfigError, ValueError) as err:
             raise ConfigError(f"ablation spec {spec.source}: variant '{run.variant}' × scenario "
                               f"'{run.scenario}' does not load as a config: {err}") from None
         steps[(run.variant, run.scenario)] = cfg.trainer.steps

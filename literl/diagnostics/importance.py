@@ -84,14 +84,3 @@ def is_decomposition(logp_BT, old_logp_BT, rollout_logp_BT, mask_BT) -> dict:
     out["share/ti"] = ops.Ratio(abs_ti, abs_ti + abs_st)
     out["share/st"] = ops.Ratio(abs_st, abs_ti + abs_st)
     return out
-
-
-@torch.no_grad()
-def mismatch_metrics(old_logp_BT, rollout_logp_BT, mask_BT) -> dict:
-    """Per-step training–inference mismatch: kl_k1, kl_k3, abs_logdiff_mean, abs_logdiff_max of d_ti.
-
-        d = old_logp − rollout_logp,  kl_k1 = mean(−d),  kl_k3 = mean(e^d − 1 − d)
-
-    Refs: algorithms.md §7 (the ti/ part of is_decomposition).
-    """
-    return _kl_stats(old_logp_BT.float() - rollout_logp_BT.float(), mask_BT)

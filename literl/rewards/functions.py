@@ -12,12 +12,16 @@ The default is `literl.rewards.math_answer:math_accuracy`.
     score_b   = Σ_i w_i · f_i(response_b, example_b)
     correct_b = f_1(response_b, example_b) ≥ 0.5          (the FIRST function decides accuracy)
 
-Robustness: a function that raises, returns a non-number, or runs past `timeout_s` scores 0 for that
-response; the event is counted in the metrics and warned about once per function and kind, and training
-goes on. To bound its time, an ordinary function runs in isolated worker processes that are killed at the
-deadline (`isolation.py`), at ~0.05 ms of overhead per call. A function that bounds its own time (marked
-with `@time_bounded`, like `math_accuracy`) is called in-process, takes the deadline as keyword
-`timeout_s`, and costs nothing extra: the testbed's integer answers are scored in microseconds.
+Robustness: a function that raises, returns a non-number (a string is not a number, even "1"), or runs past
+`timeout_s` scores 0 for that response; the event is counted in the metrics and warned about once per function
+and kind, and training goes on. All the checks of one `score` call (a step's responses) share a budget of
+`step_timeout_s`: once it is spent, the remaining slow checks are not run and score 0 as timeouts, so a
+collapsed policy repeating hostile answers cannot stall a step for minutes. To bound its time, an ordinary
+function runs in isolated worker processes that are killed at the deadline (`isolation.py`), at ~0.05 ms of
+overhead per call (a TRL-style function scores the batch in one worker call, bounded by `timeout_s` per
+response and by the step's budget). A function that bounds its own time (marked with `@time_bounded`, like
+`math_accuracy`) is called in-process, takes the deadline as keyword `timeout_s`, and costs nothing extra: the
+testbed's integer answers are scored in microseconds.
 
 Metrics per function `<name>` (the function's name): `reward/<name>/mean`, `reward/<name>/timeouts`,
 `reward/<name>/errors` (counts in this batch).
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -77,13 +82,16 @@ class RewardSet:
     """
 
     def __init__(self, fns: Sequence[tuple], *, timeout_s: float = 5.0, n_workers: int | None = None,
-                 chat_messages: Callable[[dict], list[dict]] | None = None):
+                 step_timeout_s: float | None = None, chat_messages: Callable[[dict], list[dict]] | None = None):
         if not fns:
             raise ValueError(f"RewardSet needs at least one (function path, weight) pair, e.g. "
                              f"[({DEFAULT_REWARD_FN!r}, 1.0)]")
         if timeout_s <= 0:
             raise ValueError(f"reward timeout_s must be > 0 (got {timeout_s})")
         self.timeout_s = float(timeout_s)
+        if step_timeout_s is not None and step_timeout_s <= 0:
+            raise ValueError(f"reward step_timeout_s must be > 0 or None (got {step_timeout_s})")
+        self.step_timeout_s = step_timeout_s
         self.entries = [self._entry(*spec) for spec in fns]
         self.chat_messages = chat_messages
         names = [e.name for e in self.entries]
@@ -124,8 +132,9 @@ class RewardSet:
         scores_B = torch.zeros(len(responses), dtype=torch.float32)
         correct_B = torch.zeros(len(responses), dtype=torch.bool)
         metrics: dict[str, float] = {}
+        deadline = time.monotonic() + self.step_timeout_s if self.step_timeout_s else math.inf
         for position, entry in enumerate(self.entries):
-            values, timeouts, errors = self._values(entry, responses, examples)
+            values, timeouts, errors = self._values(entry, responses, examples, deadline)
             values_B = torch.tensor(values, dtype=torch.float32)
             scores_B += entry.weight * values_B
             if position == 0:
@@ -135,17 +144,19 @@ class RewardSet:
             metrics[f"reward/{entry.name}/errors"] = float(errors)
         return scores_B, correct_B, metrics
 
-    def _values(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict]
+    def _values(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict], deadline: float
                 ) -> tuple[list[float], int, int]:
         if entry.convention == "trl":
-            return self._values_batched(entry, responses, examples)
+            return self._values_batched(entry, responses, examples, deadline)
         if entry.in_process:
-            return self._values_in_process(entry, responses, examples)
+            return self._values_in_process(entry, responses, examples, deadline)
         if entry.convention == "literl":
-            outcomes = self._workers().map(entry.path, list(zip(responses, examples)), self.timeout_s)
+            outcomes = self._workers().map(entry.path, list(zip(responses, examples)), self.timeout_s,
+                                           deadline=deadline)
         else:
             outcomes = self._workers().map(_WORKER_CALLS[entry.convention],
-                                           [(entry.path, r, ex) for r, ex in zip(responses, examples)], self.timeout_s)
+                                           [(entry.path, r, ex) for r, ex in zip(responses, examples)], self.timeout_s,
+                                           deadline=deadline)
         return self._tally(entry, outcomes)
 
     def _workers(self) -> IsolatedRunner:
@@ -157,9 +168,10 @@ class RewardSet:
             self._runner = IsolatedRunner(self.n_workers, preload=list(dict.fromkeys(adapted)))
         return self._runner
 
-    def _values_batched(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict]
+    def _values_batched(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict], deadline: float
                         ) -> tuple[list[float], int, int]:
-        """A TRL-style function scores the whole batch in one call, bounded by timeout_s per response."""
+        """A TRL-style function scores the whole batch in one call, bounded by timeout_s per response and by
+        the step's budget (`deadline`)."""
         if not responses:
             return [], 0, 0
         columns = trl_columns(examples)
@@ -175,8 +187,8 @@ class RewardSet:
             except Exception as exc:  # noqa: BLE001 - a failing reward must not stop training
                 outcome = CallOutcome("error", error=f"{type(exc).__name__}: {exc}")
         else:
-            outcome = self._workers().call(_WORKER_CALLS["trl"], (entry.path, prompts, completions, columns),
-                                           self.timeout_s * len(responses))
+            outcome = self._workers().map(_WORKER_CALLS["trl"], [(entry.path, prompts, completions, columns)],
+                                          self.timeout_s * len(responses), deadline=deadline)[0]
         if outcome.status != "ok":
             return self._tally(entry, [outcome] * len(responses))
         return self._tally(entry, [CallOutcome("ok", v) for v in outcome.value])
@@ -192,12 +204,15 @@ class RewardSet:
                 self._warn_once(entry, outcome.status if outcome.status == "timeout" else "error", problem)
         return values, timeouts, errors
 
-    def _values_in_process(self, entry: _Entry, responses, examples) -> tuple[list[float], int, int]:
+    def _values_in_process(self, entry: _Entry, responses, examples, deadline: float
+                           ) -> tuple[list[float], int, int]:
         counter = getattr(entry.fn, "timeout_counter", None)
         timeouts_before = counter() if counter else 0
-        kwargs = {"timeout_s": self.timeout_s} if getattr(entry.fn, "time_bounded", False) else {}
+        bounded = getattr(entry.fn, "time_bounded", False)
         values, errors = [], 0
         for response, example in zip(responses, examples):
+            # The per-check bound, or what is left of the step's budget (0: only the function's cheap checks).
+            kwargs = {"timeout_s": max(0.0, min(self.timeout_s, deadline - time.monotonic()))} if bounded else {}
             try:
                 result = (call_literl(entry.fn, response, example, **kwargs) if entry.convention == "literl"
                           else call_verl(entry.fn, response, example))
@@ -244,6 +259,8 @@ def _as_reward(outcome: CallOutcome) -> tuple[float, str | None]:
     if outcome.status != "ok":
         return 0.0, outcome.error
     value: Any = outcome.value
+    if isinstance(value, (str, bytes)):     # float("1") would pass: an answer string is not a reward
+        return 0.0, f"returned {type(value).__name__} {value!r:.80}, not a number"
     try:
         number = float(value)
     except (TypeError, ValueError):

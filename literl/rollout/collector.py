@@ -116,13 +116,32 @@ class _Round:
     seconds: dict
 
 
-def _row_extras(rounds: list[_Round], rows: list[tuple[int, int]]) -> dict:
-    """The generation's extras for the kept rows, when they all come from one sampling round (the rows of a
-    batch drawn over several rounds carry none yet: a per-round record does not cover the others' rows)."""
-    if not rows or len({r for r, _ in rows}) > 1:
-        return {}
-    index = torch.tensor([b for _, b in rows], dtype=torch.long)
-    return {key: slice_rows(value, index) for key, value in rounds[rows[0][0]].generation.extras.items()}
+def _row_extras(rounds: list[_Round], index: dict[int, tuple[torch.Tensor, torch.Tensor]], rows: int
+                ) -> tuple[dict, object]:
+    """The generations' per-token extras for the kept rows (`index`: per round, (batch rows, its rows)), each
+    padded to the widest round (−1 for integer extras such as routes, 0 for floats); and the forward record when
+    every row comes from one round (a round's record does not cover another round's rows)."""
+    gens = {r: rounds[r].generation for r in index}
+    keys = set.intersection(*(set(gen.extras) for gen in gens.values())) if gens else set()
+    extras = {}
+    for key in sorted(keys):
+        pieces = {r: gens[r].extras[key][round_I] for r, (_, round_I) in index.items()}
+        first = next(iter(pieces.values()))
+        width = max(piece.shape[1] for piece in pieces.values()) if first.dim() > 1 else None
+        fill = -1 if not (first.dtype.is_floating_point or first.dtype == torch.bool) else 0
+        shape = (rows, width, *first.shape[2:]) if width is not None else (rows, *first.shape[1:])
+        out = torch.full(shape, fill, dtype=first.dtype)
+        for r, (out_I, _) in index.items():
+            if width is None:
+                out[out_I] = pieces[r]
+            else:
+                out[out_I, :pieces[r].shape[1]] = pieces[r]
+        extras[key] = out
+    record = None
+    if len(index) == 1:
+        r, (_, round_I) = next(iter(index.items()))
+        record = slice_rows(gens[r].forward_record, round_I)
+    return extras, record
 
 
 class Collector:
@@ -202,6 +221,7 @@ class Collector:
                 out[out_I] = get(rounds[r])[round_I]
             return out
 
+        extras, forward_record = _row_extras(rounds, index, B)
         response_ids_BT = torch.full((B, T), self.pad_id, dtype=torch.long)
         mask_BT = torch.zeros((B, T), dtype=torch.bool)
         rollout_logp_BT = torch.zeros((B, T), dtype=torch.float32)
@@ -236,7 +256,7 @@ class Collector:
             problem_B=torch.tensor([rounds[r].problem_index[b] for r, b in rows], dtype=torch.long),
             responses=[rounds[r].responses[b] for r, b in rows],
             problems=[self.problems[rounds[r].problem_index[b]] for r, b in rows],
-            extras=_row_extras(rounds, rows), pad_id=self.pad_id)
+            extras=extras, forward_record=forward_record, pad_id=self.pad_id)
 
     def _metrics(self, rounds: list[_Round], batch: RolloutBatch) -> dict[str, float]:
         """Policy statistics over every sampled response (before filtering), plus the filter's effect."""

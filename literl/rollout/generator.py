@@ -9,9 +9,12 @@ Later engines (vLLM, a Ray actor) implement the same protocol.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from literl.model.record import ForwardRecord
 
 
 @dataclass(frozen=True)
@@ -41,15 +44,17 @@ class Generation:
     mask_BT          bool, True on generated tokens (the EOS token included)
     rollout_logp_BT  float32, log μ of each generated token (0 on padding)
     truncated_B      bool, True when max_new_tokens stopped the response before an EOS
-    extras           per-token extras the engine recorded (e.g. MoE routes), keyed with shape suffixes, and
-                     objects that cover the whole generation (the forward record of `record_forward=True`)
+    extras           per-token tensors the engine recorded (e.g. MoE routes), keyed with shape suffixes
+    forward_record   what the decode steps computed, for an on-policy update to replay (`record_forward=True`,
+                     `literl.model.record`); None when the engine kept none
     """
 
     response_ids_BT: torch.Tensor
     mask_BT: torch.Tensor
     rollout_logp_BT: torch.Tensor
     truncated_B: torch.Tensor
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    forward_record: "ForwardRecord | None" = None
 
 
 class Generator(Protocol):
@@ -59,9 +64,10 @@ class Generator(Protocol):
                  *, rng: torch.Generator | None = None, record_forward: bool = False) -> Generation:
         """Sample one response per prompt (repeat a prompt G times for a group). `record_forward=True` asks the
         engine to keep what the policy's forward computed for an on-policy update to replay
-        (`literl.rollout.recording`); an engine that cannot simply returns no record."""
+        (`Generation.forward_record`); an engine that cannot simply returns none."""
         ...
 
-    def sync_weights(self, policy: torch.nn.Module) -> None:
-        """Make the engine sample from `policy`'s current weights (a no-op when it shares them)."""
+    def sync_weights(self, policy: torch.nn.Module) -> dict[str, float] | None:
+        """Make the engine sample from `policy`'s current weights (a no-op when it shares them); an engine with its
+        own copy may return metrics of the sync (`sync/bytes`, `sync/seconds`)."""
         ...

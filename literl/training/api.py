@@ -30,14 +30,19 @@ def train(config: Config | None = None, *, model: torch.nn.Module | str | None =
     reward_fns  functions f(response, example) -> float, import paths 'pkg.mod:fn', or (fn, weight) pairs;
                 None: the config's reward.fns. The first one decides accuracy.
     """
-    from literl.training.components import build_components
-    from literl.training.trainer import Trainer
-
     if config is None:
         config = load_config(preset="lite_ppo", overrides=list(overrides))
     elif overrides:
         config = load_config(overrides=list(overrides), base=config)
     else:
         validate(config)
-    parts = build_components(config, model=model, tokenizer=tokenizer, problems=problems, reward_fns=reward_fns)
-    return Trainer(parts).fit()
+    return run(config, model=model, tokenizer=tokenizer, problems=problems, reward_fns=reward_fns)
+
+
+def run(config: Config, **objects) -> Path:
+    """Train from a config that `load_config` (or `train`) already validated: resolve it, build the run's
+    components (the objective among them), loop. `objects` are `train`'s model, tokenizer, problems, reward_fns."""
+    from literl.components import build_components
+    from literl.training.trainer import Trainer
+
+    return Trainer(build_components(config, **objects)).fit()

@@ -1,14 +1,5 @@
-"""Metrics: combining micro-batch values exactly, and writing them to metrics.jsonl and trackers.
-
-Reduction across micro-batches is decided by the value, then by the key (a convention every trick follows):
-    `ops.Ratio` / `ops.SampleSize` values → their sums are added and the statistic is taken once at the end
-        (sequence means, means over another mask than the loss mask, ESS: exact whatever the split);
-    *_max → max,  *_min → min   (±inf, a max/min over nothing, and NaN are ignored; a key that saw no value
-        is left out of the step);
-    loss/* → sum over the micro-batches of one optimizer step (each holds its share of that step's loss),
-        then mean over the step's mini-batches (`end_minibatch` closes one);
-    anything else → token-weighted mean.
-"""
+"""Metrics written to metrics.jsonl, eval.jsonl, samples.jsonl and the trackers (how a step's values are combined
+from its micro-batches: `literl.metric_reduction`)."""
 
 from __future__ import annotations
 
@@ -16,77 +7,8 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from literl.data.files import write_text_atomic
-from literl.ops import Ratio, SampleSize
-
-POOLED = (Ratio, SampleSize)
-
-
-def _reduction(key: str) -> str:
-    if key.endswith("_max"):
-        return "max"
-    if key.endswith("_min"):
-        return "min"
-    if key.startswith("loss/"):
-        return "sum"
-    return "mean"
-
-
-class MetricAccumulator:
-    """Combine per-micro-batch metrics into per-step values (one rollout batch, any number of mini-batches)."""
-
-    def __init__(self):
-        self._mean: dict[str, Ratio] = {}        # token-weighted means: (Σ value·weight, Σ weight)
-        self._pooled: dict[str, Any] = {}        # Ratio / SampleSize values as the metrics gave them
-        self._extreme: dict[str, float] = {}
-        self._minibatch_sum: dict[str, float] = {}   # loss/* of the mini-batch being accumulated
-        self._loss: dict[str, Ratio] = {}        # loss/* over closed mini-batches: (Σ mini-batch sums, count)
-
-    def add(self, metrics: dict[str, Any], weight: float = 1.0) -> None:
-        """Add one micro-batch's metrics; `weight` (its loss-token count) only weighs the plain means."""
-        for key, value in metrics.items():
-            if isinstance(value, POOLED):
-                self._pooled[key] = self._pooled[key] + value if key in self._pooled else value
-                continue
-            value = float(value.item() if torch.is_tensor(value) else value)
-            kind = _reduction(key)
-            if kind == "sum":
-                self._minibatch_sum[key] = self._minibatch_sum.get(key, 0.0) + value
-            elif kind in ("max", "min"):
-                if math.isfinite(value):   # −inf / +inf: a max / min over no token; NaN: nothing to compare
-                    pick = max if kind == "max" else min
-                    self._extreme[key] = pick(self._extreme.get(key, value), value)
-            elif weight > 0:
-                self._mean[key] = self._mean.get(key, Ratio(0.0, 0.0)) + Ratio(value * weight, float(weight))
-
-    def end_minibatch(self) -> None:
-        """Close one optimizer step: its loss/* sums become one sample of the mean over mini-batches."""
-        self._loss = self._closed_losses()
-        self._minibatch_sum = {}
-
-    def _closed_losses(self) -> dict[str, Ratio]:
-        losses = dict(self._loss)
-        for key, total in self._minibatch_sum.items():
-            losses[key] = losses.get(key, Ratio(0.0, 0.0)) + Ratio(total, 1.0)
-        return losses
-
-    def result(self) -> dict[str, float]:
-        """Per-step values; a mini-batch still open counts as the last one."""
-        out = dict(self._extreme)
-        for part in (self._mean, self._pooled, self._closed_losses()):
-            out.update({key: float(stat) for key, stat in part.items()})
-        return out
-
-
-def scalars(metrics: dict[str, Any]) -> dict[str, float]:
-    """Metrics of a single whole batch as plain floats, by the same rules as a step of one micro-batch."""
-    acc = MetricAccumulator()
-    acc.add(metrics)
-    return acc.result()
 
 
 def _finite(value: float) -> float | None:

@@ -22,12 +22,25 @@ import torch
 
 from literl.batch import TrainBatch
 from literl.ops import masked_max, masked_mean
-from literl.training.checkpoint import (latest_checkpoint, load_checkpoint, restore_rng_state, rng_state,
-                                        save_checkpoint)
-from literl.training.components import RunComponents
-from literl.training.lora import save_final
-from literl.training.logprobs import token_logprobs
-from literl.training.metrics import MetricAccumulator
+from literl.config_loader import to_yaml
+from literl.training.checkpoint import (load_latest_checkpoint, non_finite_parameters, restore_rng_state, rng_state,
+                                        save_checkpoint, save_model)
+from literl.components import RunComponents
+from literl.lora import final_view
+from literl.metric_reduction import MetricAccumulator
+from literl.training.learning_signal import no_signal_reason
+
+
+class NonFiniteTraining(RuntimeError):
+    """Training produced NaN/inf losses, gradients or weights; nothing non-finite was saved."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """A stop request (Ctrl-C, SIGTERM) ended the loop after a checkpoint was saved at `.checkpoint`."""
+
+    def __init__(self, checkpoint: Path):
+        super().__init__(f"interrupted; checkpoint saved at {checkpoint}")
+        self.checkpoint = checkpoint
 
 
 class PhaseTimer:
@@ -51,24 +64,45 @@ class Trainer:
         self.rng = torch.Generator().manual_seed(self.cfg.seed)
         self.eval_results: dict[str, dict] = {}
         self._saved: tuple[int, Path] | None = None     # (step, path) of the checkpoint of the current state
+        self._step_start: dict | None = None            # loop state before the step in progress (None: between steps)
+        self._weights_moved = False                     # an optimizer step of the step in progress has run
+        self._non_finite_in_a_row = 0
+        self._signal_warnings: set[str] = set()
 
     # ------------------------------------------------------------------------------------------ the loop
     def fit(self) -> Path:
+        try:
+            return self._fit()
+        finally:
+            self.parts.release()        # the run directory is free for the next writer, however this ended
+
+    def _fit(self) -> Path:
         p, cfg = self.parts, self.cfg
         self._resume_if_asked()
         if self.step == 0 and cfg.eval.before:
             self._evaluate("before")
         p.console.start(total=cfg.trainer.steps, done=self.step)
+        last_save = time.monotonic()
         with _deferred_interrupts() as stop_requested:
-            while self.step < cfg.trainer.steps and not stop_requested():
-                metrics = self._train_step()
-                self.step += 1
-                p.log.log(self.step, metrics)
-                p.console.update(self.step, metrics)
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.trainer.steps:
-                    self._evaluate(f"step_{self.step}")
-                if cfg.trainer.save_every and self.step % cfg.trainer.save_every == 0:
-                    self._save_checkpoint()
+            try:
+                while self.step < cfg.trainer.steps and not stop_requested():
+                    self._step_start, self._weights_moved = self._loop_state(), False
+                    metrics = self._train_step()
+                    self.step += 1
+                    self._step_start = None
+                    p.log.log(self.step, metrics)
+                    p.console.update(self.step, metrics)
+                    # Once a stop is requested, saving comes first: a scheduler's grace period is short.
+                    if (cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.trainer.steps
+                            and not stop_requested()):
+                        self._evaluate(f"step_{self.step}")
+                    if self._save_due(last_save):
+                        self._save_checkpoint()
+                        last_save = time.monotonic()
+            except Exception as err:
+                p.console.stop()
+                self._save_after_failure(err)
+                raise
         p.console.stop()
         # Saving the same step again would move the complete checkpoint aside while the copy is written: with
         # keep_checkpoints=1 a crash in that window would leave nothing to resume from.
@@ -76,11 +110,54 @@ class Trainer:
         if self.step < cfg.trainer.steps:
             p.console.note(f"interrupted after step {self.step}: checkpoint saved at {path}; continue with "
                            f"trainer.resume=true trainer.output_dir={p.run_dir}")
-            raise KeyboardInterrupt
-        save_final(p.run_dir / "final", p.policy, p.tokenizer)
+            raise TrainingInterrupted(path)
+        self._refuse_non_finite_weights("final/")
+        save_model(p.run_dir / "final", final_view(p.policy), p.tokenizer)
         self._evaluate("after")
-        p.finish(self.eval_results)
+        p.finish(self.eval_results, steps=self.step)
         return p.run_dir
+
+    def _save_due(self, last_save: float) -> bool:
+        t = self.cfg.trainer
+        by_steps = t.save_every and self.step % t.save_every == 0
+        by_time = t.save_every_minutes and time.monotonic() - last_save >= 60 * t.save_every_minutes
+        return bool(by_steps or by_time) and self.step < t.steps     # the last step is saved after the loop
+
+    def _loop_state(self) -> dict:
+        """What a step changes besides the weights: restored when a step fails before its first optimizer step,
+        so that the checkpoint written then is exactly the state after the previous step."""
+        p = self.parts
+        return {"rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
+                "diagnostics": p.diagnostics.state_dict()}       # state_dict()s are fresh copies
+
+    def _save_after_failure(self, err: Exception) -> None:
+        """Best effort: a checkpoint of the last complete step, so that an exception (a full disk, out of
+        memory, an I/O error) costs at most the step it happened in."""
+        p = self.parts
+        failed_in_step = self._step_start is not None
+        if failed_in_step and self._weights_moved:
+            p.console.note(f"step {self.step + 1} failed after an optimizer step had changed the weights, so no "
+                           f"consistent checkpoint can be written; the last one is "
+                           f"{self._saved[1] if self._saved else 'none'}")
+            return
+        if self.step == 0:
+            return                      # nothing trained yet: a restart is as good as a checkpoint
+        if failed_in_step:
+            p.collector.stream.load_state_dict(self._step_start["stream"])
+            restore_rng_state(self._step_start["rng"], self.rng)
+            p.diagnostics.load_state_dict(self._step_start["diagnostics"])
+        if self._saved and self._saved[0] == self.step:
+            path = self._saved[1]
+        else:
+            try:
+                path = self._save_checkpoint()
+            except Exception as save_err:  # noqa: BLE001 - the original error is the one to report
+                p.console.note(f"the run failed ({type(err).__name__}: {err}) and the checkpoint after it could "
+                               f"not be written either ({save_err})")
+                return
+        p.console.note(f"the run failed at step {self.step + 1} ({type(err).__name__}: {err}); the state after "
+                       f"step {self.step} is saved at {path}. Fix the cause, then continue with "
+                       f"trainer.resume=true trainer.output_dir={p.run_dir}")
 
     def _train_step(self) -> dict[str, float]:
         p, cfg = self.parts, self.cfg
@@ -95,16 +172,22 @@ class Trainer:
         old_logp_BT = ref_logp_BT = None
         if p.objective.needs_old_logp_pass(n_minibatches):
             with timer("old_logp"):
-                old_logp_BT = self._logprobs(p.policy, batch)
+                old_logp_BT = p.policy_forward.batch_logprobs(batch)
         if p.reference is not None:
-            with timer("ref_logp"), p.reference_context():
-                ref_logp_BT = self._logprobs(p.reference, batch)
+            with timer("ref_logp"):
+                ref_logp_BT = p.reference.batch_logprobs(batch)
         train, prep_metrics = p.objective.prepare(batch, old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT,
                                                   minibatches=n_minibatches, rng=self.rng)
         metrics.update(prep_metrics)
+        metrics["advantage/all_zero"] = float(not bool(train.adv_BT.any()))
+        if metrics["advantage/all_zero"]:
+            self._warn_no_signal(metrics)
         with timer("update"):
             metrics.update(self._update(train))
-        p.engine.sync_weights(p.policy)
+        with timer("sync"):
+            # An engine with its own copy of the weights reports what the sync moved (e.g. sync/bytes).
+            metrics.update(p.engine.sync_weights(p.policy) or {})
+        metrics.update(p.policy_forward.take_metrics())
         metrics.update(p.diagnostics.observe_rollout(batch))
         p.log.log_samples(self.step + 1, _samples(batch, cfg.trainer.log_samples))
         return {**metrics, **self._timing(timer, batch, metrics)}
@@ -116,17 +199,15 @@ class Trainer:
         p.policy.train()
         for k, minibatch in enumerate(train.minibatches()):
             p.optimizer.zero_grad(set_to_none=True)
-            loss_tokens = 0
+            loss_tokens, step_loss = 0, 0.0
             for micro in p.objective.micro_batches(minibatch, cfg.trainer.micro_batch_tokens):
-                logp_BT, entropy_BT = token_logprobs(
-                    p.policy, micro.tokens_BL.to(p.device), micro.prompt_len_B.to(p.device),
-                    micro.response_ids_BT.shape[1], temperature=cfg.rollout.temperature, with_entropy=True,
-                    mask_BT=micro.mask_BT.to(p.device), compiled=cfg.trainer.compile, extras=micro.extras)
-                out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT)
+                logp_BT, entropy_BT, aux_loss = p.policy_forward.logprobs(micro, with_entropy=True)
+                out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT, aux_loss=aux_loss)
                 out.loss.backward()
                 loss_tokens += out.num_loss_tokens
+                step_loss = step_loss + out.loss.detach().float()     # on the device: one sync per step
                 acc.add(out.metrics, weight=out.num_loss_tokens)
-                acc.add({f"staleness/ppo_kl_mb{k}": out.metrics.get("st/ppo_kl", 0.0)}, weight=out.num_loss_tokens)
+                acc.add({f"st/ppo_kl_mb{k}": out.metrics.get("st/ppo_kl", 0.0)}, weight=out.num_loss_tokens)
                 mask = micro.mask_BT.to(p.device)
                 acc.add({"entropy/mean": masked_mean(entropy_BT.detach(), mask)}, weight=int(mask.sum()))
                 acc.add({"entropy/token_max": masked_max(entropy_BT.detach(), mask)})
@@ -136,13 +217,42 @@ class Trainer:
             # zero, but AdamW's momentum would still move the weights (algorithms.md §4.1: skip the step).
             skipped = loss_tokens == 0
             grad_norm = 0.0 if skipped else self._clip_gradients()
+            # A NaN/inf loss or gradient would make every weight NaN: skip that optimizer step too, and count it.
+            non_finite = not skipped and not (math.isfinite(grad_norm) and bool(torch.isfinite(step_loss)))
             acc.add({"optim/grad_norm": grad_norm, "optim/lr": p.scheduler.get_last_lr()[0],
-                     "optim/skipped_step": float(skipped)})
-            if not skipped:
+                     "optim/skipped_step": float(skipped or non_finite), "optim/non_finite_step": float(non_finite)})
+            if non_finite:
+                p.optimizer.zero_grad(set_to_none=True)
+                self._on_non_finite_step(float(step_loss), grad_norm)
+            elif not skipped:
+                self._non_finite_in_a_row = 0
+                self._weights_moved = True
                 p.optimizer.step()
                 p.scheduler.step()
         p.policy.eval()     # sampling and log-prob passes run without dropout
         return acc.result()
+
+    def _warn_no_signal(self, metrics: dict[str, float]) -> None:
+        """Loudly, once per reason: a run whose weights never change should not look like a run that learns."""
+        reason = no_signal_reason(metrics, group_size=self.cfg.rollout.group_size)
+        if reason not in self._signal_warnings:
+            self._signal_warnings.add(reason)
+            self.parts.console.note(f"WARNING: no learning signal at step {self.step + 1}: {reason}. "
+                                    "(advantage/all_zero counts such steps in metrics.jsonl)")
+
+    def _on_non_finite_step(self, loss: float, grad_norm: float) -> None:
+        self._non_finite_in_a_row += 1
+        limit = self.cfg.trainer.max_non_finite_steps
+        what = f"loss {loss}, gradient norm {grad_norm}"
+        if limit and self._non_finite_in_a_row >= limit:
+            raise NonFiniteTraining(
+                f"{self._non_finite_in_a_row} optimizer steps in a row had a non-finite loss or gradient ({what}); "
+                f"stopping at step {self.step + 1} (trainer.max_non_finite_steps={limit}). The weights are still "
+                "those of the last good step. Usual causes: a learning rate far too high (optim.lr), rewards of "
+                "an extreme scale, or a policy loss without clipping (log_ratio_clamp, caps)")
+        self.parts.console.note(f"WARNING: skipped an optimizer step at step {self.step + 1}: non-finite {what} "
+                                f"({self._non_finite_in_a_row} in a row; the run stops after "
+                                f"trainer.max_non_finite_steps={limit})")
 
     def _clip_gradients(self) -> float:
         params = [q for q in self.parts.policy.parameters() if q.grad is not None]
@@ -150,25 +260,6 @@ class Trainer:
             return 0.0
         max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else math.inf
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-
-    @torch.no_grad()
-    def _logprobs(self, model: torch.nn.Module, batch) -> torch.Tensor:
-        """log-probs of the batch's responses under `model`, in micro-batches, in batch row order."""
-        out = torch.zeros_like(batch.rollout_logp_BT)
-        T = batch.response_ids_BT.shape[1]
-        rows = torch.arange(len(batch))
-        step = max(1, self.cfg.trainer.micro_batch_tokens // max(int(batch.lengths_B.max()), 1))
-        model.eval()
-        device = self.parts.device
-        for start in range(0, len(batch), step):
-            idx = rows[start:start + step]
-            part = batch.select(idx).trimmed()
-            logp, _ = token_logprobs(model, part.tokens_BL.to(device), part.prompt_len_B.to(device),
-                                     part.response_ids_BT.shape[1], temperature=self.cfg.rollout.temperature,
-                                     mask_BT=part.mask_BT.to(device), compiled=self.cfg.trainer.compile,
-                                     extras=part.extras)
-            out[idx, :logp.shape[1]] = logp.float().cpu()
-        return torch.where(batch.mask_BT, out, torch.zeros_like(out))[:, :T]
 
     @staticmethod
     def _timing(timer: PhaseTimer, batch, metrics: dict) -> dict[str, float]:
@@ -193,25 +284,35 @@ class Trainer:
 
     def _save_checkpoint(self) -> Path:
         p = self.parts
+        self._refuse_non_finite_weights("a checkpoint")
         state = {"optimizer": p.optimizer.state_dict(), "scheduler": p.scheduler.state_dict(),
                  "rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
                  "eval_results": self.eval_results, "diagnostics": p.diagnostics.state_dict()}
         path = save_checkpoint(p.run_dir, self.step, model=p.policy, tokenizer=p.tokenizer, trainer_state=state,
-                               keep=self.cfg.trainer.keep_checkpoints)
+                               keep=self.cfg.trainer.keep_checkpoints, config_text=to_yaml(self.cfg))
         self._saved = (self.step, path)
         return path
+
+    def _refuse_non_finite_weights(self, what: str) -> None:
+        bad = non_finite_parameters(self.parts.policy)
+        if bad:
+            last = self._saved[1] if self._saved else "none"
+            raise NonFiniteTraining(f"{len(bad)} weight tensors hold NaN or inf after step {self.step} (first: "
+                                    f"{bad[0]}); not writing them as {what}. The last checkpoint is {last}")
 
     def _resume_if_asked(self) -> None:
         p = self.parts
         if not self.cfg.trainer.resume:
             return
-        path = latest_checkpoint(p.run_dir)
-        if path is None:
+        resumed = load_latest_checkpoint(p.run_dir, p.policy)
+        if resumed is None:
             p.console.note(f"trainer.resume=true but {p.run_dir} has no checkpoint yet: starting from step 0")
             # Records of an attempt that never checkpointed are redone, the evaluation before training included.
             p.log.truncate_after(0, retag_evaluations={"before": None} if self.cfg.eval.before else {})
             return
-        state = load_checkpoint(path, p.policy)
+        for note in resumed.notes:
+            p.console.note(f"WARNING: {note}")
+        path, state = resumed.path, resumed.state
         p.optimizer.load_state_dict(state["optimizer"])
         p.scheduler.load_state_dict(state["scheduler"])
         restore_rng_state(state["rng"], self.rng)
@@ -226,6 +327,9 @@ class Trainer:
         extended = self.step < self.cfg.trainer.steps
         p.log.truncate_after(self.step, retag_evaluations={"after": f"step_{self.step}" if extended else None})
         p.console.note(f"resumed from {path} at step {self.step}")
+        if self.step > self.cfg.trainer.steps:
+            p.console.note(f"trainer.steps={self.cfg.trainer.steps} is below the checkpoint's step {self.step}: "
+                           f"nothing to train; final/ holds the model of step {self.step}")
 
 
 def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:

@@ -54,3 +54,32 @@ def test_rows_of_several_rounds_and_widths_are_laid_out_prompt_then_response():
         for name in ("group_B", "scores_B", "correct_B", "rewards_B"):
             assert getattr(batch, name)[i] == getattr(rounds[r], name)[b], name
     assert batch.truncated_B.any() and not batch.truncated_B.all()
+
+
+def test_per_token_extras_of_several_rounds_are_padded_to_the_widest_round():
+    """Routes of two rounds of widths 3 + 4 and 4 + 6 (prompt + response positions, 1 layer, top-2): each kept row
+    keeps its own routes and is padded with −1 past its round's width; a float extra pads with 0; the forward
+    record of one round does not ride on a batch drawn from two."""
+    collector = Collector(engine=None, problems=[{}] * 8, prompt_ids=None, decode=None, rewards=None,
+                          objective=None, sampling=SamplingParams(), prompts_per_step=3, group_size=2,
+                          max_rounds=2, stream=None, pad_id=PAD)
+    rounds = [_round([[5, 6, 7], [5, 6, 7], [8], [8]], [2, 4, 1, 3], width=4, keep=[True, True, False, False],
+                     first_group=0, seed=0),
+              _round([[9, 9], [9, 9], [4, 3, 2, 2], [4, 3, 2, 2]], [6, 1, 2, 5], width=6,
+                     keep=[True, True, True, True], first_group=2, seed=1)]
+    for r, rnd in enumerate(rounds):
+        B, width = len(rnd.prompt_ids), rnd.generation.mask_BT.shape[1]
+        L = max(len(p) for p in rnd.prompt_ids) + width
+        rnd.generation.extras = {
+            "rollout_routes_BLNK": (100 * r + torch.arange(B * L * 2).view(B, L, 1, 2)).to(torch.int16),
+            "score_BT": torch.full((B, width), float(r + 1))}
+        rnd.generation.forward_record = object()
+    batch = collector._assemble(rounds)
+    routes, scores = batch.extras["rollout_routes_BLNK"], batch.extras["score_BT"]
+    kept = [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert routes.shape == (6, 10, 1, 2) and scores.shape == (6, 6) and batch.forward_record is None
+    for i, (r, b) in enumerate(kept):
+        own = rounds[r].generation.extras["rollout_routes_BLNK"][b]
+        assert torch.equal(routes[i, :own.shape[0]], own) and (routes[i, own.shape[0]:] == -1).all()
+        width = rounds[r].generation.mask_BT.shape[1]
+        assert (scores[i, :width] == r + 1).all() and (scores[i, width:] == 0).all()

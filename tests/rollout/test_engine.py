@@ -193,8 +193,9 @@ def test_training_mode_is_restored_and_empty_batch():
 
 @pytest.mark.slow
 def test_compiled_static_step_matches_eager():
-    """Same tokens and log-probs as the eager step; one compiled graph serves every batch size, a batch of one
-    row included (it runs eagerly rather than making dynamo specialise on it)."""
+    """Same tokens and log-probs as the eager step; one compiled graph of the decode step serves every batch size,
+    a batch of one row included (it runs eagerly rather than making dynamo specialise on it), beside the prompts'
+    pass."""
     from torch._dynamo.utils import counters
 
     model = build_tiny_qwen3(seed=9)
@@ -206,7 +207,7 @@ def test_compiled_static_step_matches_eager():
         compiled = compiled_engine.generate(prompts, params)
         assert torch.equal(compiled.response_ids_BT, eager.response_ids_BT)
         torch.testing.assert_close(compiled.rollout_logp_BT, eager.rollout_logp_BT, rtol=0, atol=1e-5)
-    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["stats"]["unique_graphs"] == 2      # the decode step, the prompts' pass
 
 
 @pytest.mark.slow
@@ -225,20 +226,25 @@ def test_compiled_step_samples_inside_its_graph_like_the_eager_step():
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_prefill_through_hand_applied_prompt_layers_matches_the_models_forward(compiled):
-    """The trainer's prefill (`shared_prompts.prefill_by_layers`, passed as `prefill_fn`) samples the same tokens
-    with the same log-probs as the default prefill (the model's own forward), on prompts of several lengths
-    (left padding) with rows dropping as they finish."""
-    import functools
+def test_prefill_through_hand_applied_prompt_layers_matches_the_models_forward(monkeypatch, compiled):
+    """The prefill through the runtime's prompt pass (`prompts.prefill_by_layers`, what the engine runs for a
+    model whose layers the runtime runs) samples the same tokens with the same log-probs as the prefill through
+    the model's own forward (what it runs otherwise), on prompts of several lengths (left padding) with rows
+    dropping as they finish."""
+    from literl.model import capabilities as capabilities_module, prompts as model_prompts
 
-    from literl.training.shared_prompts import prefill_by_layers
-
+    calls = []
+    by_layers = model_prompts.prefill_by_layers
+    monkeypatch.setattr("literl.rollout.hf_engine.prefill_by_layers",
+                        lambda *args, **kwargs: calls.append(kwargs["compiled"]) or by_layers(*args, **kwargs))
     model = build_tiny_qwen3(seed=4)
     prompts = _prompts(seed=4) * 2
     params = SamplingParams(temperature=1.0, max_new_tokens=20)
+    hand = _engine(model, "static", compile=compiled).generate(prompts, params, rng=torch.Generator().manual_seed(3))
+    assert calls == [compiled]
+    monkeypatch.setattr(capabilities_module.Capabilities, "shared_prompts", property(lambda self: False))
     default = _engine(model, "static").generate(prompts, params, rng=torch.Generator().manual_seed(3))
-    hand = _engine(model, "static", prefill_fn=functools.partial(prefill_by_layers, compiled=compiled)).generate(
-        prompts, params, rng=torch.Generator().manual_seed(3))
+    assert calls == [compiled], "the model's own forward prefilled"
     assert not default.mask_BT.all()        # some rows finished early
     assert torch.equal(hand.response_ids_BT, default.response_ids_BT)
     torch.testing.assert_close(hand.rollout_logp_BT, default.rollout_logp_BT, rtol=0, atol=1e-5)
@@ -275,7 +281,7 @@ def test_sequences_longer_than_a_sliding_window_decode_through_the_models_forwar
 def test_attention_window_reads_each_family_config():
     from transformers import Gemma3TextConfig, Qwen2Config, Qwen3Config
 
-    from literl.rollout.static_kv import attention_window, fits_attention_window
+    from literl.model.capabilities import attention_window, capabilities
 
     class Holder(torch.nn.Module):
         def __init__(self, config):
@@ -286,8 +292,8 @@ def test_attention_window_reads_each_family_config():
     assert attention_window(Holder(Qwen2Config(use_sliding_window=True, sliding_window=6, max_window_layers=0))) == 6
     assert attention_window(Holder(Gemma3TextConfig(sliding_window=512))) == 512
     assert attention_window(_tiny_mistral(window=16)) == 16
-    assert fits_attention_window(_tiny_mistral(window=16), 15)
-    assert not fits_attention_window(_tiny_mistral(window=16), 16)
+    assert capabilities(_tiny_mistral(window=16)).fits_window(15)
+    assert not capabilities(_tiny_mistral(window=16)).fits_window(16)
 
 
 def test_live_slots_in_place_fills_holes_from_the_end():
@@ -306,8 +312,8 @@ def test_live_slots_in_place_fills_holes_from_the_end():
 def test_static_decoder_keeps_slots_in_any_order():
     """After keep(slots) in an arbitrary order (rows moved forward, backward, and left in place), each slot's
     next logits are those of the row it now holds in a decoder that dropped nothing."""
-    from literl.rollout.decoding import distinct_prompts, prefill
-    from literl.rollout.static_kv import StaticKVDecoder
+    from literl.model.decode import StaticKVDecoder
+    from literl.model.prompts import distinct_prompts, prefill
 
     model = build_tiny_qwen3(seed=11).eval()
     prompts = _prompts(seed=11)                      # 8 rows, 3 distinct prompts of lengths 5, 2, 9
@@ -315,11 +321,11 @@ def test_static_decoder_keeps_slots_in_any_order():
     g = torch.Generator().manual_seed(11)
     tokens = [torch.randint(3, 40, (len(prompts),), generator=g) for _ in range(4)]
     full, kept = (StaticKVDecoder(model, prefill(model, prepared)[1], prepared, max_new_tokens=5) for _ in range(2))
-    slots_K = torch.tensor([7, 1, 0, 5, 3])
+    kept_R = torch.tensor([7, 1, 0, 5, 3])
     for t, token_B in enumerate(tokens):
         full_BV = full.step(token_B)
         if t == 2:
-            kept.keep(slots_K)
-        kept_KV = kept.step(token_B if t < 2 else token_B[slots_K])
-        expected = full_BV if t < 2 else full_BV[slots_K]
-        torch.testing.assert_close(kept_KV, expected, rtol=0, atol=1e-5)
+            kept.keep(kept_R)
+        kept_RV = kept.step(token_B if t < 2 else token_B[kept_R])
+        expected = full_BV if t < 2 else full_BV[kept_R]
+        torch.testing.assert_close(kept_RV, expected, rtol=0, atol=1e-5)

@@ -5,11 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from literl.model.capabilities import capabilities
+from literl.model.record import Recorder, record_bytes
 from literl.rollout.generator import SamplingParams
 from literl.rollout.hf_engine import HFEngine
-from literl.rollout.recording import RECORD_KEY, RECORD_ROW_KEY, record_bytes, supports_recording
 from tests.conftest import build_tiny_qwen3, tiny_qwen3_moe_config
 from tests.rollout.test_engine import EOS, MANY_EOS, PAD, _prompts
+
+
+def _recording_engine(model, *, max_bytes=2 << 30, **kwargs):
+    """An engine lent a recorder for its model (as `PolicyForward` lends its own in a run)."""
+    return HFEngine(model, recorder=Recorder(model, max_bytes), **kwargs)
 
 
 def _tiny_qwen2(seed=0):
@@ -61,10 +67,10 @@ def test_record_holds_each_fed_tokens_projection_outputs(build):
     attention's output, as the model's own forward computes them."""
     model = build().eval()
     prompts = _prompts(seed=4) * 3
-    engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
+    engine = _recording_engine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
     gen = engine.generate(prompts, SamplingParams(max_new_tokens=20), rng=torch.Generator().manual_seed(0),
                           record_forward=True)
-    record, row_BT = gen.extras[RECORD_KEY], gen.extras[RECORD_ROW_KEY]
+    record, row_BT = gen.forward_record, gen.forward_record.row_BT
     assert len(record.layers[0]) == 6, "on CPU the record keeps the attention's output and log-sum-exp"
     lengths = gen.mask_BT.sum(-1)
     assert int(lengths.min()) < 20 <= int(lengths.max()), "the batch must shrink while some rows run to the end"
@@ -87,31 +93,34 @@ def test_record_holds_each_fed_tokens_projection_outputs(build):
 def test_recording_leaves_the_samples_unchanged():
     model = build_tiny_qwen3(seed=3)
     prompts, params = _prompts(seed=5) * 2, SamplingParams(max_new_tokens=16)
-    engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
+    engine = _recording_engine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
     plain = engine.generate(prompts, params, rng=torch.Generator().manual_seed(1))
     recorded = engine.generate(prompts, params, rng=torch.Generator().manual_seed(1), record_forward=True)
-    assert RECORD_KEY in recorded.extras and RECORD_KEY not in plain.extras
+    assert recorded.forward_record is not None and plain.forward_record is None
     assert torch.equal(recorded.response_ids_BT, plain.response_ids_BT)
     torch.testing.assert_close(recorded.rollout_logp_BT, plain.rollout_logp_BT, rtol=0, atol=1e-5)
 
 
 def test_a_record_is_valid_until_the_next_recording_and_only_for_its_weights():
+    """Valid until the recorder's next record; matching only its module, untouched, with no step of the optimizer
+    the recorder watches since (as `PolicyForward.watch` has it watch the run's optimizer)."""
     model = build_tiny_qwen3(seed=4)
-    engine = HFEngine(model, eos_token_ids=[EOS], pad_id=PAD)
+    engine = _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD)
     params = SamplingParams(max_new_tokens=8)
-    first = engine.generate(_prompts(), params, record_forward=True).extras[RECORD_KEY]
+    first = engine.generate(_prompts(), params, record_forward=True).forward_record
     assert first.valid() and first.matches(model)
     assert not first.matches(build_tiny_qwen3(seed=4))          # same weights, another module
     engine.generate(_prompts(), params)                         # a plain generation (evaluation) keeps it
     assert first.valid()
-    second = engine.generate(_prompts(), params, record_forward=True).extras[RECORD_KEY]
+    second = engine.generate(_prompts(), params, record_forward=True).forward_record
     assert second.valid() and not first.valid()                # its buffers now hold the second rollout
     with torch.no_grad():
         model.lm_head.weight[0, 0] += 1.0                       # an in-place edit
     assert not second.matches(model)
     for fused in (False, True):                                 # a fused step leaves version counters alone
-        record = engine.generate(_prompts(), params, record_forward=True).extras[RECORD_KEY]
+        record = engine.generate(_prompts(), params, record_forward=True).forward_record
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
+        engine.recorder.watch(optimizer)
         for p in model.parameters():
             p.grad = torch.ones_like(p)
         assert record.matches(model)
@@ -122,16 +131,18 @@ def test_a_record_is_valid_until_the_next_recording_and_only_for_its_weights():
 def test_no_record_where_the_update_could_not_use_one():
     prompts, params = _prompts(), SamplingParams(max_new_tokens=8)
     model = build_tiny_qwen3(seed=5)
+    budget = record_bytes(model, len(prompts) * 7)
     cases = {
-        "over the memory budget": HFEngine(model, eos_token_ids=[EOS], pad_id=PAD,
-                                           record_max_bytes=record_bytes(model, len(prompts) * 7) - 1),
-        "an engine copy in another dtype": HFEngine(model, eos_token_ids=[EOS], pad_id=PAD, dtype=torch.bfloat16),
-        "the model's own forward": HFEngine(model, eos_token_ids=[EOS], pad_id=PAD, decode="dynamic"),
+        "over the memory budget": _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD, max_bytes=budget - 1),
+        "an engine copy in another dtype": _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD,
+                                                             dtype=torch.bfloat16),
+        "the model's own forward": _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD, decode="dynamic"),
+        "no recorder lent": HFEngine(model, eos_token_ids=[EOS], pad_id=PAD),
     }
     for why, engine in cases.items():
-        assert RECORD_KEY not in engine.generate(prompts, params, record_forward=True).extras, why
-    fits = HFEngine(model, eos_token_ids=[EOS], pad_id=PAD, record_max_bytes=record_bytes(model, len(prompts) * 7))
-    assert RECORD_KEY in fits.generate(prompts, params, record_forward=True).extras
+        assert engine.generate(prompts, params, record_forward=True).forward_record is None, why
+    fits = _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD, max_bytes=budget)
+    assert fits.generate(prompts, params, record_forward=True).forward_record is not None
 
 
 def test_moe_layers_are_not_recorded():
@@ -140,31 +151,32 @@ def test_moe_layers_are_not_recorded():
 
     torch.manual_seed(0)
     model = Qwen3MoeForCausalLM(tiny_qwen3_moe_config())
-    assert not supports_recording(model)
-    gen = HFEngine(model, eos_token_ids=[EOS], pad_id=PAD).generate(_prompts(), SamplingParams(max_new_tokens=6),
-                                                                   record_forward=True)
-    assert RECORD_KEY not in gen.extras and gen.mask_BT.any()
+    assert not capabilities(model).record
+    gen = _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD).generate(
+        _prompts(), SamplingParams(max_new_tokens=6), record_forward=True)
+    assert gen.forward_record is None and gen.mask_BT.any()
 
 
 @pytest.mark.slow
 def test_compiled_recording_step_matches_eager():
-    """rollout.compile=true: the same tokens, log-probs and record as the eager step, one compiled graph for
-    every batch size (rows dropped mid-rollout, a last row left alone runs eagerly)."""
+    """rollout.compile=true: the same tokens, log-probs and record as the eager step, one compiled graph of the
+    recording step for every batch size (rows dropped mid-rollout, a last row left alone runs eagerly), beside
+    the prompts' pass."""
     from torch._dynamo.utils import counters
 
     model = build_tiny_qwen3(seed=12)
     params = SamplingParams(greedy=True, max_new_tokens=20)
     counters.clear()
-    compiled_engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, compile=True)
-    eager_engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
+    compiled_engine = _recording_engine(model, eos_token_ids=MANY_EOS, pad_id=PAD, compile=True)
+    eager_engine = _recording_engine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
     for prompts in (_prompts(seed=6) * 2, _prompts(seed=7), _prompts(seed=6)[:1]):
         eager = eager_engine.generate(prompts, params, record_forward=True)
         compiled = compiled_engine.generate(prompts, params, record_forward=True)
         assert torch.equal(compiled.response_ids_BT, eager.response_ids_BT)
         torch.testing.assert_close(compiled.rollout_logp_BT, eager.rollout_logp_BT, rtol=0, atol=1e-5)
-        assert torch.equal(compiled.extras[RECORD_ROW_KEY], eager.extras[RECORD_ROW_KEY])
-        rows = compiled.extras[RECORD_KEY].rows
-        for got_layer, want_layer in zip(compiled.extras[RECORD_KEY].layers, eager.extras[RECORD_KEY].layers):
+        assert torch.equal(compiled.forward_record.row_BT, eager.forward_record.row_BT)
+        rows = compiled.forward_record.rows
+        for got_layer, want_layer in zip(compiled.forward_record.layers, eager.forward_record.layers):
             for got, want in zip(got_layer, want_layer):
                 torch.testing.assert_close(got[:rows], want[:rows], rtol=0, atol=1e-5)
-    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["stats"]["unique_graphs"] == 2      # the recording decode step, the prompts' pass

@@ -3,7 +3,8 @@ whose caller is literl collected (the nearest frame outside the installed librar
 decides, since library warnings point their `stacklevel` at library wrappers such as torch's Module.__call__).
 
 transformers is bounded above in pyproject.toml at the newest version tested (5.24); 5.40 removes the
-`past_key_values=` keyword of model forwards."""
+`past_key_values=` keyword of model forwards, which literl no longer passes to models that take `cache=`
+(`literl.model.prompts.cache_keyword`)."""
 
 from __future__ import annotations
 
@@ -33,11 +34,13 @@ def literl_caller(stack: list[traceback.FrameSummary]) -> str | None:
     return None
 
 
-@pytest.mark.xfail(strict=True, reason="literl/rollout/decoding.py (and literl/training/shared_prompts.py) pass "
-                   "past_key_values= to model forwards, deprecated in transformers 5.x and removed in 5.40; the lead "
-                   "engineer's runtime refactor moves those calls to cache=. Remove this mark when it lands.")
-def test_literl_calls_no_deprecated_library_api(tiny_qwen3_dir, tmp_path):
-    """Fails, listing each literl call site, if a run calls an API that torch or transformers deprecate."""
+@pytest.mark.parametrize("extra", [[], ["model.lora.rank=4"]], ids=["full", "lora"])
+def test_literl_calls_no_deprecated_library_api(tiny_qwen3_dir, tmp_path, extra):
+    """Fails, listing each literl call site, if a run calls an API that torch or transformers deprecate: a run of the
+    whole model, and a LoRA run (whose forwards go through peft's wrapper, which takes the cache keyword literl
+    picks and hands it on)."""
+    if extra:
+        pytest.importorskip("peft")
     offenders: dict[str, str] = {}
 
     def record(message, category, filename, lineno, file=None, line=None):
@@ -50,5 +53,6 @@ def test_literl_calls_no_deprecated_library_api(tiny_qwen3_dir, tmp_path):
         warnings.simplefilter("always")
         warnings.showwarning = record
         train(load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "run",
-                                                                   "trainer.steps=1", "algorithm.kl_coef=0.001")))
+                                                                   "trainer.steps=1", "algorithm.kl_coef=0.001",
+                                                                   *extra)))
     assert not offenders, "literl calls deprecated APIs:\n" + "\n".join(f"  {k}  {v}" for k, v in offenders.items())

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from literl.training import logprobs
-from literl.training.logprobs import token_logprobs
-from tests.conftest import build_tiny_qwen3
+from literl.model import grouping, head
+from tests.conftest import build_tiny_qwen3, token_logprobs
 
 
 def _batch(prompt_lens, response_lens, vocab=100, seed=0):
@@ -83,7 +82,7 @@ def test_no_grad_pass_and_logp_only():
 def _forbid_chunked_head(monkeypatch):
     def fail(*args):
         raise AssertionError("the chunked head was used")
-    monkeypatch.setattr(logprobs.ChunkedHeadLogprobs, "apply", fail)
+    monkeypatch.setattr(head.ChunkedHeadLogprobs, "apply", fail)
 
 
 def test_softcapped_head_takes_the_direct_path(monkeypatch):
@@ -123,17 +122,17 @@ def test_length_buckets_hand_cases():
     """lengths [10, 100, 10, 100]: one group costs 4·100 + c, two groups 2·100 + 2·10 + 2c, so c = 5 splits
     them (230 < 405) and c = 1000 does not (1400 < 2220)."""
     lengths = torch.tensor([10, 100, 10, 100])
-    groups = logprobs.length_buckets(lengths, overhead_tokens=5)
+    groups = grouping.length_buckets(lengths, overhead_tokens=5)
     assert [sorted(g.tolist()) for g in groups] == [[1, 3], [0, 2]]
-    assert [sorted(g.tolist()) for g in logprobs.length_buckets(lengths, overhead_tokens=1000)] == [[0, 1, 2, 3]]
+    assert [sorted(g.tolist()) for g in grouping.length_buckets(lengths, overhead_tokens=1000)] == [[0, 1, 2, 3]]
     many = torch.randint(1, 90, (300,), generator=torch.Generator().manual_seed(0))
-    groups = logprobs.length_buckets(many, max_buckets=4)
+    groups = grouping.length_buckets(many, max_buckets=4)
     assert len(groups) <= 4 and torch.equal(torch.cat(groups).sort().values, torch.arange(300))
 
 
 def test_rows_grouped_by_length_keep_their_order(monkeypatch):
     """With every row in its own decoder call, in reverse order, results still land on the right rows."""
-    monkeypatch.setattr(logprobs, "length_buckets", lambda length_B: [torch.tensor([b]) for b in
+    monkeypatch.setattr(grouping, "length_buckets", lambda length_B: [torch.tensor([b]) for b in
                                                                         reversed(range(len(length_B)))])
     model = build_tiny_qwen3(seed=6)
     tokens_BL, prompt_len_B, T, mask_BT = _batch([4, 2, 6], [3, 7, 1], seed=6)

@@ -10,14 +10,16 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
+from literl.components import build_components                                 # noqa: E402
 from literl.config_loader import load_config                                   # noqa: E402
-from literl.rollout.generator import SamplingParams                            # noqa: E402
+from literl.lora import AdaptersOff, apply_lora, final_view, merged_state_dict  # noqa: E402
+from literl.model import PolicyForward                                         # noqa: E402
+from literl.model.capabilities import capabilities                            # noqa: E402
 from literl.rollout.hf_engine import HFEngine                                  # noqa: E402
-from literl.training.components import build_components                        # noqa: E402
-from literl.training.logprobs import token_logprobs                            # noqa: E402
-from literl.training.lora import apply_lora, merged_state_dict, reference_context, save_final  # noqa: E402
+from literl.training.checkpoint import save_model                              # noqa: E402
 from literl.training.trainer import Trainer                                    # noqa: E402
 from tests.conftest import build_tiny_qwen3                                    # noqa: E402
+from tests.model.test_routing_replay import _batch                             # noqa: E402
 from tests.training.test_trainer import _overrides, length_reward             # noqa: E402
 
 LORA = ["model.lora.rank=4", "model.lora.alpha=8", "model.lora.target_modules=[q_proj,v_proj,down_proj]"]
@@ -41,9 +43,21 @@ def _adapted(seed=0):
     return base.eval(), policy.eval()
 
 
-def _logp(model):
+def _logp(model, mask_BT=None):
+    """Log-probs through literl's runtime: dense (the decoder's own forward), or with a mask (the hand-applied
+    layers on shared prompts, when the model runs through them)."""
     with torch.no_grad():
-        return token_logprobs(model, ROWS, PROMPT_LEN_B, 4)[0]
+        return PolicyForward(model).token_logprobs(ROWS, PROMPT_LEN_B, 4, mask_BT=mask_BT)[0]
+
+
+def _hf_logp(model):
+    """The same log-probs from the model's own logits: log_softmax(logits)[next token]."""
+    with torch.no_grad():
+        logits_BLV = model(input_ids=ROWS).logits.float().log_softmax(-1)
+    positions_BT = PROMPT_LEN_B[:, None] - 1 + torch.arange(4)[None, :]
+    next_BT = ROWS.gather(1, positions_BT + 1)
+    return logits_BLV.gather(1, positions_BT[:, :, None].expand(-1, -1, logits_BLV.shape[-1])).gather(
+        2, next_BT[:, :, None])[..., 0]
 
 
 def test_lora_wraps_the_named_modules_and_trains_only_them():
@@ -68,33 +82,64 @@ def test_merged_logprobs_equal_base_plus_adapter_logprobs(tmp_path, char_tokeniz
     merged.load_state_dict(merged_state_dict(policy))
     torch.testing.assert_close(_logp(merged.eval()), adapted, atol=1e-5, rtol=0)
 
-    save_final(tmp_path / "final", policy, char_tokenizer)
+    save_model(tmp_path / "final", final_view(policy), char_tokenizer)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final").eval()
     torch.testing.assert_close(_logp(reloaded), adapted, atol=1e-5, rtol=0)
     with_adapter = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "final" / "adapter").eval()
     torch.testing.assert_close(_logp(with_adapter), adapted, atol=1e-6, rtol=0)
 
 
-def test_the_reference_pass_is_the_base_model_without_a_copy():
+def test_the_runtime_runs_the_adapters_on_every_path():
+    """literl's hand-applied layers (masked rows on a shared prompt) and the decoder's own forward (dense) give the
+    adapted model's own log-probs, not the base's: the layer body calls the projection modules, adapters included.
+    A record of the rollout's forward keeps plain linear projections only, so the runtime never records (or
+    replays) a LoRA policy."""
     base, policy = _adapted()
-    with reference_context(policy)():
-        torch.testing.assert_close(_logp(policy), _logp(base), atol=0, rtol=0)
-    assert not torch.allclose(_logp(policy), _logp(base), atol=1e-3), "the adapters are back on afterwards"
+    assert capabilities(policy).layers and capabilities(policy).shared_prompts
+    expected = _hf_logp(policy)
+    mask_BT = torch.tensor([[True] * 4, [True, True, True, False]])
+    torch.testing.assert_close(_logp(policy), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(_logp(policy, mask_BT), torch.where(mask_BT, expected, 0), atol=1e-5, rtol=0)
+    assert not torch.allclose(expected, _hf_logp(base), atol=1e-3)
+    assert capabilities(base).record and not capabilities(policy).record
 
 
-def test_the_engine_samples_from_the_adapted_policy():
-    """The rollout's own log-probs (HF engine, its default decode, no forward record as the LoRA config resolves)
-    equal the adapted policy's, not the base's."""
+def test_the_reference_pass_is_the_base_model_without_a_copy():
+    """AdaptersOff: the policy's own forward inside disable_adapter() gives the base model's log-probs, bit for
+    bit, and the adapters are on again afterwards."""
+    base, policy = _adapted()
+    batch = _batch(policy, prompts=[[3, 4, 5]] * 2 + [[10, 11]] * 2, max_new_tokens=6)
+    reference = AdaptersOff(PolicyForward(policy))
+    torch.testing.assert_close(reference.batch_logprobs(batch), PolicyForward(base).batch_logprobs(batch),
+                               atol=0, rtol=0)
+    adapted = PolicyForward(policy).batch_logprobs(batch)
+    torch.testing.assert_close(adapted, torch.where(batch.mask_BT, batch.rollout_logp_BT, 0), atol=1e-5, rtol=0)
+    assert not torch.allclose(adapted, reference.batch_logprobs(batch), atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["policy-module", "bf16-copy"])
+def test_the_engine_samples_from_the_adapted_policy_and_follows_its_updates(dtype):
+    """The rollout's own log-probs equal the adapted policy's (the HF engine samples from the policy module, or
+    from its own bfloat16 copy of it), and after the adapters move and the weights sync, the new adapters'."""
     _, policy = _adapted()
-    engine = HFEngine(policy, eos_token_ids=[1], pad_id=0, record_max_bytes=0)
-    out = engine.generate([[3, 4, 5], [10, 11]], SamplingParams(max_new_tokens=5), rng=torch.Generator().manual_seed(0))
-    tokens = torch.zeros(2, 3 + 5, dtype=torch.long)
-    for b, prompt in enumerate([[3, 4, 5], [10, 11]]):
-        tokens[b, :len(prompt)] = torch.tensor(prompt)
-        tokens[b, len(prompt):len(prompt) + 5] = out.response_ids_BT[b]
+    engine = HFEngine(policy, eos_token_ids=[1], pad_id=0, dtype=dtype)
+    prompts = [[3, 4, 5], [10, 11]]
+    tolerance = 1e-5 if dtype is None else 0.1
+
+    def check():
+        batch = _batch(policy, engine=engine, prompts=prompts, max_new_tokens=5)
+        expected = PolicyForward(policy).batch_logprobs(batch)
+        torch.testing.assert_close(torch.where(batch.mask_BT, batch.rollout_logp_BT, 0), expected, atol=tolerance,
+                                   rtol=0)
+        return batch
+
+    check()
     with torch.no_grad():
-        logp, _ = token_logprobs(policy, tokens, torch.tensor([3, 2]), 5, mask_BT=out.mask_BT)
-    torch.testing.assert_close(torch.where(out.mask_BT, out.rollout_logp_BT, 0), logp, atol=1e-5, rtol=0)
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.mul_(-3.0)
+    engine.sync_weights(policy)
+    check()
 
 
 def test_a_lora_run_trains_only_the_adapters_and_saves_merged_and_adapter(tiny_qwen3_dir, tmp_path):
@@ -103,7 +148,8 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_merged_and_adapter(tiny_q
     cfg = load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "r", *LORA,
                                                               "algorithm.kl_coef=0.01", "optim.lr=5e-2"))
     parts = build_components(cfg, reward_fns=[length_reward])
-    assert parts.reference is parts.policy and parts.cfg.trainer.replay_max_gib == 0
+    assert isinstance(parts.reference, AdaptersOff) and parts.reference.forward.model is parts.policy
+    assert parts.cfg.trainer.replay_max_gib == 0
     before = {n: p.detach().clone() for n, p in parts.policy.named_parameters()}
     run_dir = Trainer(parts).fit()
     after = dict(parts.policy.named_parameters())
@@ -133,3 +179,21 @@ def test_a_lora_run_resumes_to_the_same_adapters(tiny_qwen3_dir, tmp_path):
     a = load_file(str(straight / "final" / "adapter" / "adapter_model.safetensors"))
     b = load_file(str(resumed / "final" / "adapter" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_checkpoint_without_an_adapter_is_refused_with_the_fix(tmp_path, char_tokenizer):
+    """Resuming a LoRA run from a full-model checkpoint (a run without LoRA) names model.lora.rank=0; a checkpoint
+    whose adapter file is missing or damaged is a CheckpointError (resume falls back to the previous one)."""
+    from literl.training.checkpoint import CheckpointError, load_adapter
+
+    _, policy = _adapted()
+    build_tiny_qwen3().save_pretrained(tmp_path / "full" / "model")
+    with pytest.raises(RuntimeError, match="model.lora.rank=0"):
+        load_adapter(policy, tmp_path / "full" / "model")
+    (tmp_path / "empty" / "model").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="no adapter weights"):
+        load_adapter(policy, tmp_path / "empty" / "model")
+    policy.save_pretrained(tmp_path / "damaged" / "model")
+    (tmp_path / "damaged" / "model" / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load_adapter(policy, tmp_path / "damaged" / "model")

@@ -13,7 +13,7 @@ from literl import ops
 from literl.batch import RolloutBatch
 from literl.config_loader import load_config
 from literl.objective import Objective
-from literl.training.metrics import MetricAccumulator, scalars
+from literl.metric_reduction import MetricAccumulator, scalars
 
 # ---- the accumulator on its own ------------------------------------------------------------------------------
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from literl.training import logprobs, shared_prompts
-from literl.training.logprobs import token_logprobs
-from tests.conftest import build_tiny_qwen3
+from literl.model import capabilities as capabilities_module, grouping, kernels, policy, prompts as model_prompts
+from literl.model.capabilities import Capabilities, capabilities
+from tests.conftest import build_tiny_qwen3, token_logprobs
 from tests.training.test_logprobs import _direct, _loss_grads
 
 
@@ -29,15 +29,15 @@ def _grouped_batch(prompts, response_lens, vocab=100, seed=0):
 
 def _spy_on_shared_path(monkeypatch, model) -> list:
     """Sizes of the distinct-prompt sets the shared path ran on (after the model's one-off probe)."""
-    shared_prompts.matches_plain_forward(model)
+    capabilities(model).shared_prompts
     calls = []
-    original = shared_prompts.response_hidden
+    original = policy.response_hidden
 
     def spy(*args, **kwargs):
-        calls.append(args[4].ids_UP.shape[0])
+        calls.append(args[4].ids_UX.shape[0])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(shared_prompts, "response_hidden", spy)
+    monkeypatch.setattr(policy, "response_hidden", spy)
     return calls
 
 
@@ -47,7 +47,7 @@ def test_shared_prompts_match_full_rows_values_and_grads(monkeypatch, temperatur
     """Three prompts of different lengths (left padding in the shared cache), groups of uneven response lengths,
     a one-token response (predicted from the prompt alone) and an empty one; for the hand-applied layers and
     for the decoder's own forward on a cache."""
-    monkeypatch.setattr(shared_prompts, "runs_layer_by_layer", lambda model: layer_by_layer)
+    monkeypatch.setattr(Capabilities, "layers", property(lambda self: layer_by_layer))
     model = build_tiny_qwen3(seed=5)
     calls = _spy_on_shared_path(monkeypatch, model)
     tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch(
@@ -67,7 +67,7 @@ def test_shared_prompts_match_full_rows_values_and_grads(monkeypatch, temperatur
 
 def test_buckets_in_any_order_land_on_their_rows(monkeypatch):
     """Every row in its own response forward, in reverse order: results still land on the right rows."""
-    monkeypatch.setattr(logprobs, "length_buckets",
+    monkeypatch.setattr(grouping, "length_buckets",
                         lambda length_B: [torch.tensor([b]) for b in reversed(range(len(length_B)))])
     model = build_tiny_qwen3(seed=7)
     tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch([[4, 5, 6], [7, 8, 9, 10]], [[2, 5], [3, 1, 6]])
@@ -89,7 +89,7 @@ def test_distinct_prompts_take_the_plain_path(monkeypatch):
 def test_a_decoder_that_rejects_a_cache_takes_the_plain_path(monkeypatch):
     """A model outside the hand-applied structure whose decoder raises on past_key_values: the once-per-model
     probe fails, so whole rows run."""
-    monkeypatch.setattr(shared_prompts, "has_supported_structure", lambda model: False)
+    monkeypatch.setattr(capabilities_module, "has_layer_structure", lambda model: False)
     model = build_tiny_qwen3(seed=9)
     decoder_forward = model.model.forward
 
@@ -104,33 +104,33 @@ def test_a_decoder_that_rejects_a_cache_takes_the_plain_path(monkeypatch):
     ref_logp, _ = _direct(model, tokens_BL, prompt_len_B, T, 1.0)
     with torch.no_grad():
         logp, _ = token_logprobs(model, tokens_BL, prompt_len_B, T, mask_BT=mask_BT)
-    assert calls == [] and not shared_prompts.matches_plain_forward(model)
+    assert calls == [] and not capabilities(model).shared_prompts
     torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
 
 
 def test_attention_dropout_keeps_the_decoder_forward():
     """The hand-applied layers leave attention dropout out, so a model that has some uses its own forward."""
-    assert shared_prompts.runs_layer_by_layer(build_tiny_qwen3(seed=10))
-    assert not shared_prompts.runs_layer_by_layer(build_tiny_qwen3(seed=10, attention_dropout=0.1))
+    assert capabilities(build_tiny_qwen3(seed=10)).layers
+    assert not capabilities(build_tiny_qwen3(seed=10, attention_dropout=0.1)).layers
 
 
 def test_hand_applied_prompt_pass_matches_the_decoders_own_forward():
-    """`_prompts_layer_by_layer` (the prompts' pass for Llama/Qwen-style decoders) against `_run_prompts` (the
-    decoder's forward on a cache): the same hidden states, keys and values at every real prompt position of
-    left-padded prompts, and nothing but finite numbers at the padding (a NaN there would reach the responses)."""
+    """`prompts_by_layers` (the prompts' pass through the layer body) against `prompts_by_model` (the decoder's
+    forward on a cache): the same hidden states, keys and values at every real prompt position of left-padded
+    prompts, and nothing but finite numbers at the padding (a NaN there would reach the responses)."""
     model = build_tiny_qwen3(seed=3)
     decoder = model.get_decoder()
-    prompts = shared_prompts.distinct_prompts([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], pad_id=0,
-                                              device=torch.device("cpu"))
+    prompts = model_prompts.distinct_prompts([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], pad_id=0,
+                                             device=torch.device("cpu"))
     with torch.no_grad():
-        hidden, kv = shared_prompts._prompts_layer_by_layer(decoder, prompts)
-        ref_hidden, ref_kv = shared_prompts._run_prompts(decoder, prompts)
-    real_UP = prompts.real_UP
-    assert not bool(real_UP.all())      # the case has left padding
-    torch.testing.assert_close(hidden[real_UP], ref_hidden[real_UP], rtol=0, atol=1e-5)
+        hidden, kv = model_prompts.prompts_by_layers(decoder, prompts)
+        ref_hidden, ref_kv = model_prompts.prompts_by_model(decoder, prompts)
+    real_UX = prompts.real_UX
+    assert not bool(real_UX.all())      # the case has left padding
+    torch.testing.assert_close(hidden[real_UX], ref_hidden[real_UX], rtol=0, atol=1e-5)
     for (keys, values), (ref_keys, ref_values) in zip(kv, ref_kv):
         for got, want in ((keys, ref_keys), (values, ref_values)):
-            torch.testing.assert_close(got.transpose(1, 2)[real_UP], want.transpose(1, 2)[real_UP], rtol=0,
+            torch.testing.assert_close(got.transpose(1, 2)[real_UX], want.transpose(1, 2)[real_UX], rtol=0,
                                        atol=1e-5)
             assert bool(got.isfinite().all())
     assert bool(hidden.isfinite().all())
@@ -147,13 +147,13 @@ def test_rms_norm_backward_matches_autograd_of_the_module():
     x = torch.randn(3, 2, 8, generator=g, requires_grad=True)
     grad = torch.randn(3, 2, 8, generator=g)
     expected = torch.autograd.grad(norm(x), [x, norm.weight], grad)
-    got_y = shared_prompts.apply_norm(norm, x)
+    got_y = kernels.apply_norm(norm, x)
     torch.testing.assert_close(got_y, norm(x))
     for got, want in zip(torch.autograd.grad(got_y, [x, norm.weight], grad), expected):
         torch.testing.assert_close(got, want)
     x64 = torch.randn(4, 5, dtype=torch.float64, generator=g, requires_grad=True)
     w64 = (torch.rand(5, dtype=torch.float64, generator=g) + 0.5).requires_grad_()
-    assert torch.autograd.gradcheck(lambda a, b: shared_prompts._RMSNorm.apply(a, b, 1e-6), (x64, w64))
+    assert torch.autograd.gradcheck(lambda a, b: kernels._RMSNorm.apply(a, b, 1e-6), (x64, w64))
 
 
 def test_compiled_layers_match_the_eager_path_values_and_grads():
@@ -203,7 +203,7 @@ def test_rows_longer_than_a_sliding_window_take_the_plain_path(monkeypatch):
     ref_grads = _loss_grads(model, ref_logp, ref_ent, mask_BT)
     logp, ent = token_logprobs(model, tokens_BL, prompt_len_B, T, temperature=1.0, with_entropy=True,
                                mask_BT=mask_BT)
-    assert shared_prompts.matches_plain_forward(model) and calls == []
+    assert capabilities(model).shared_prompts and calls == []
     torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
     for name, grad in _loss_grads(model, logp, ent, mask_BT).items():
         torch.testing.assert_close(grad, ref_grads[name], rtol=0, atol=1e-5, msg=name)

@@ -48,8 +48,12 @@ def length_reward(response: str, example: dict) -> float:
 
 
 @pytest.mark.parametrize("preset", preset_names())
-def test_every_preset_trains_two_steps_with_finite_loss(tiny_qwen3_dir, tmp_path, preset):
-    cfg = load_config(preset=preset, overrides=_overrides(tiny_qwen3_dir, tmp_path / preset))
+def test_every_preset_trains_two_steps_with_finite_loss(tiny_qwen3_dir, tmp_path, preset, request):
+    """A routing-replay preset trains a tiny mixture-of-experts model, every other one the tiny dense model."""
+    model_dir = tiny_qwen3_dir
+    if load_config(preset=preset).algorithm.routing_replay != "none":
+        model_dir = request.getfixturevalue("tiny_moe_dir")
+    cfg = load_config(preset=preset, overrides=_overrides(model_dir, tmp_path / preset))
     run_dir = train(cfg, reward_fns=[length_reward])
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2]
@@ -115,7 +119,7 @@ def test_bf16_rollout_makes_a_real_mismatch_and_minirl_runs_with_and_without_is(
         run_dir = _run(tiny_qwen3_dir, tmp_path / label, "rollout.dtype=bfloat16",
                        f"algorithm.policy_loss.params.train_infer_is={is_on}", preset="minirl")
         records = read_metrics(run_dir)
-        assert all(r["mismatch/kl_k3"] > 0 and r["mismatch/abs_logdiff_max"] > 1e-4 for r in records)
+        assert all(r["ti/kl_k3"] > 0 and r["ti/abs_logdiff_max"] > 1e-4 for r in records)
         assert all(math.isfinite(r["loss/total"]) for r in records)
         weight_max = [r["policy_loss/is_weight_max"] for r in records]
         if is_on == "true":
@@ -125,12 +129,12 @@ def test_bf16_rollout_makes_a_real_mismatch_and_minirl_runs_with_and_without_is(
 def test_fp32_rollout_agrees_with_the_trainer(tiny_qwen3_dir, tmp_path):
     run_dir = _run(tiny_qwen3_dir, tmp_path / "r", "trainer.recompute_old_logp=always",
                    "algorithm.is_correction.name=token_tis")
-    assert all(r["mismatch/abs_logdiff_max"] < 1e-4 for r in read_metrics(run_dir))
+    assert all(r["ti/abs_logdiff_max"] < 1e-4 for r in read_metrics(run_dir))
 
 
 def test_hostile_responses_score_zero_and_training_continues(tiny_qwen3_dir, tmp_path, monkeypatch):
     """100 KB of digits, deep braces and a huge exponent as responses: scored 0, the step completes."""
-    import literl.training.components as components
+    import literl.components as components
 
     hostile = ["\\boxed{" + "9" * 100_000 + "}", "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
                "\\boxed{9^{9^{9^{9}}}}", "\\boxed{10^{10^{10}}}"]
@@ -183,7 +187,9 @@ def test_resuming_redoes_evaluations_without_duplicating_their_records(tiny_qwen
     _run(tiny_qwen3_dir, tmp_path / "r", "trainer.steps=3", "eval.every=0", "trainer.resume=true")
     assert _eval_tags(run_dir) == [(0, "before"), (2, "step_2"), (3, "after")]
 
-    shutil.rmtree(run_dir / "checkpoints")      # as if killed before its first checkpoint
+    for name in ("checkpoints", "final"):       # as if killed before its first checkpoint
+        shutil.rmtree(run_dir / name)
+    (run_dir / "summary.json").unlink()
     _run(tiny_qwen3_dir, tmp_path / "r", "trainer.steps=1", "eval.every=0", "trainer.resume=true")
     assert _eval_tags(run_dir) == [(0, "before"), (1, "after")]
     assert [r["step"] for r in read_metrics(run_dir)] == [1]
@@ -209,17 +215,22 @@ def test_the_last_checkpoint_is_not_written_twice(tiny_qwen3_dir, tmp_path, monk
 
 @pytest.mark.parametrize("minibatches", [1, 2])
 def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir, tmp_path, monkeypatch, minibatches):
-    """By default each on-policy update replays the rollout's forward (literl/training/replay.py); with
+    """By default each on-policy update replays the rollout's forward (literl/model/record.py); with
     trainer.replay_max_gib=0 it computes it. Same samples, losses, gradient norms and weights, within float
     rounding; with two mini-batches the old-log-prob pass and the first mini-batch (before any optimizer step)
     replay, the second computes."""
-    from literl.training import logprobs
+    from literl.model.policy import PolicyForward
 
-    sources = []
-    original = logprobs.replay_source
-    monkeypatch.setattr(logprobs, "replay_source",
-                        lambda extras, model: sources.append(original(extras, model)) or sources[-1] if extras
-                        else None)
+    sources = []                # per forward of rows carrying a record: whether it replayed
+    original = PolicyForward.replays
+
+    def replays(self, record):
+        replayed = original(self, record)
+        if record is not None:
+            sources.append(replayed)
+        return replayed
+
+    monkeypatch.setattr(PolicyForward, "replays", replays)
     runs = {}
     for label, extra in (("replayed", []), ("computed", ["trainer.replay_max_gib=0"])):
         sources.clear()
@@ -229,7 +240,7 @@ def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir,
         runs[label] = train(cfg, reward_fns=[length_reward])
         if label == "replayed":      # per step: [old-log-prob pass,] first mini-batch, later mini-batches
             per_step = [True, True, *[False] * (minibatches - 1)] if minibatches > 1 else [True]
-            assert [source is not None for source in sources] == per_step * 2
+            assert sources == per_step * 2
         else:                        # no record was kept
             assert sources == []
     replayed, computed = (read_metrics(runs[k]) for k in ("replayed", "computed"))

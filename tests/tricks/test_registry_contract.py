@@ -1,5 +1,6 @@
-"""The contract every registered trick obeys: a hand-computed test, a documented formula with references,
-and finite values and gradients on the edge cases (group of one, zero std, empty response, fully masked)."""
+"""The contract every registered trick obeys: a hand-computed test, a documented formula with references (its
+docstring cites its section of docs/algorithms.md, which documents the trick's formula, parameters, paper and edge
+cases), and finite values and gradients on the edge cases (group of one, zero std, empty response, fully masked)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from literl.training.metrics import scalars
+from literl.metric_reduction import scalars
 from literl.tricks import ALL
 
 HERE = Path(__file__).resolve().parent
+ALGORITHMS_MD = HERE.parents[1] / "docs" / "algorithms.md"
 TEST_FILE = {
     "advantage": "test_advantages.py", "policy_loss": "test_policy_losses.py", "aggregation": "test_aggregation.py",
     "kl": "test_kl.py", "is_correction": "test_is_correction.py", "loss_mask": "test_loss_masks.py",
@@ -53,7 +55,12 @@ def test_docstring_has_summary_formula_and_refs(axis, name):
     assert any("=" in line for line in lines[1:]), f"{axis}.{name}: no formula line"
     refs = re.search(r"^\s*Refs:(.*)", doc, re.M | re.S)
     assert refs, f"{axis}.{name}: no 'Refs:' line"
-    assert "algorithms.md §" in refs.group(1), f"{axis}.{name}: Refs must cite its algorithms.md section"
+    cited = re.findall(r"algorithms\.md §(\d+(?:\.\d+)*)", refs.group(1))
+    assert cited, f"{axis}.{name}: Refs must cite its section of docs/algorithms.md ('algorithms.md §N')"
+    reference = ALGORITHMS_MD.read_text(encoding="utf-8")
+    headings = set(re.findall(r"^#{1,6} (\d+(?:\.\d+)*)\.? ", reference, re.M))
+    assert set(cited) <= headings, f"{axis}.{name}: docs/algorithms.md has no section {sorted(set(cited) - headings)}"
+    assert f"`{name}`" in reference, f"{axis}.{name}: docs/algorithms.md does not document it (as `{name}`)"
 
 
 # ---- edge cases: every entry, four scenarios ---------------------------------------------------------------

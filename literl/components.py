@@ -1,14 +1,13 @@
 """Everything a run is built from, assembled from a Config (or from objects a Python user passes in).
 
 This is where infrastructure choices are made (which model, which data, which device, which engine); the
-trainer only drives the loop over what is assembled here.
+trainer only drives the loop over what is assembled here. It sits above `literl.rollout`, `literl.training` and
+`literl.model`, the one place that wires them together: rollout and training never import each other.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -23,20 +22,24 @@ from literl.config_loader import from_yaml_file, resolve, to_yaml
 from literl.data.files import write_json_atomic, write_text_atomic
 from literl.diagnostics.mechanisms import MechanismDiagnostics
 from literl.host_memory import retain_freed_host_memory
+from literl.model import PolicyForward
+from literl.model.capabilities import capabilities
 from literl.objective import Objective
 from literl.rollout.collector import Collector, PromptStream
 from literl.rollout.generator import SamplingParams
 from literl.registry import ConfigError
 from literl.rollout.hf_engine import HFEngine
+from literl.run_lock import LOCK_NAME, DirectoryLock
+from literl.training.checkpoint import checkpoint_candidates, remove_stale_temporaries
 from literl.training.console import Console
+from literl.evaluation.periodic import build_evaluator, prompt_options_of, prompt_template
+from literl.lora import AdaptersOff, apply_lora, is_lora, lora_enabled
 from literl.profiles import model_context
-from literl.training.evaluation_hook import build_evaluator, prompt_options_of, prompt_template
-from literl.training.lora import apply_lora, is_lora, lora_enabled, reference_context
+from literl.training.limits import check_max_new_tokens, check_rollout_memory, fit_prompts_to_context, max_positions
 from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
 from literl.training.optim import build_optimizer
 from literl.training.problems import training_problems
-from literl.training.shared_prompts import matches_plain_forward, prefill_by_layers, runs_layer_by_layer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -47,9 +50,10 @@ class RunComponents:
     run_dir: Path
     device: torch.device
     policy: torch.nn.Module
+    policy_forward: PolicyForward           # log-probs of the policy (owns the record of the rollout's forward)
     tokenizer: Any
-    reference: torch.nn.Module | None
-    reference_context: Callable[[], Any]    # entered around the reference pass (LoRA: the adapters switched off)
+    # log-probs of the frozen reference policy (KL), when the objective has one (LoRA: the policy, adapters off)
+    reference: PolicyForward | AdaptersOff | None
     engine: Any
     objective: Objective
     collector: Collector
@@ -60,16 +64,26 @@ class RunComponents:
     console: Console
     diagnostics: MechanismDiagnostics
     started: float = field(default_factory=time.perf_counter)
+    lock: DirectoryLock | None = None       # held from build_components until the run ends (one writer per run)
 
-    def finish(self, eval_results: dict) -> None:
-        """Write the run's summary and diagnostics, print the before/after table."""
+    def finish(self, eval_results: dict, steps: int | None = None) -> None:
+        """Write the run's summary and diagnostics, print the before/after table. `steps`: the steps the final
+        model was trained for (a resume with trainer.steps below its checkpoint keeps the checkpoint's)."""
         wall = time.perf_counter() - self.started
-        summary = {"run_dir": str(self.run_dir), "steps": self.cfg.trainer.steps, "wall_seconds": wall,
+        steps = self.cfg.trainer.steps if steps is None else steps
+        summary = {"run_dir": str(self.run_dir), "steps": steps, "wall_seconds": wall,
                    "preset": self.cfg.preset, "seed": self.cfg.seed, "eval": eval_results}
         write_json_atomic(self.run_dir / "summary.json", summary)
         self.diagnostics.write(self.run_dir / "diagnostics.json")
         self.log.close()
+        if hasattr(self.engine, "close"):      # an engine in its own process (rollout.engine=vllm)
+            self.engine.close()
         self.console.summary(self.run_dir, eval_results, wall)
+
+    def release(self) -> None:
+        """Let another process write to the run directory (called when the run ends, however it ends)."""
+        if self.lock is not None:
+            self.lock.release()
 
 
 def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None, tokenizer=None,
@@ -77,6 +91,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
                      reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
     notes: list[str] = []
     cfg = resolve(cfg, external_model=model is not None, notes=notes, model_context=model_context(model))
+    objective = Objective.from_config(cfg)      # a bad trick parameter value fails here, before anything slow loads
     console = console or Console(cfg.trainer.progress)
     for note in notes:
         console.note(note)
@@ -87,31 +102,53 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     device = _device(cfg.trainer.device)
     if cfg.trainer.retain_host_memory and device.type == "cpu":
         retain_freed_host_memory()
-    run_dir = _check_run_dir(cfg, console)
+    run_dir, lock, created = _claim_run_dir(cfg, console)
+    try:
+        return _assemble(cfg, objective, run_dir, lock, device, console, model=model, tokenizer=tokenizer,
+                         problems=problems, reward_fns=reward_fns)
+    except BaseException:
+        _give_up_run_dir(run_dir, lock, created)
+        raise
 
+
+def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryLock, device: torch.device,
+              console: Console, *, model, tokenizer, problems, reward_fns) -> RunComponents:
+    _check_reference_path(cfg)
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
     policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
     if lora_enabled(cfg):
         policy = apply_lora(policy, cfg.model.lora)
-    if cfg.trainer.compile and not runs_layer_by_layer(policy):
+    if cfg.trainer.compile and not capabilities(policy).layers:
         console.note(f"trainer.compile=true has no effect on {type(policy).__name__}: it compiles literl's own "
                      "layer-by-layer forward, which runs Llama/Qwen-style decoders only")
     data = training_problems(cfg, problems=problems, testbed=is_testbed)
     template = prompt_template(cfg, testbed_problems=data.is_testbed)
     prompt_options = prompt_options_of(cfg)
-    objective = Objective.from_config(cfg)
+    _check_sizes(cfg, data, policy, tokenizer, template, prompt_options, device, console)
     pad_id = pad_token_id(tokenizer)
-    engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
-                      dtype=DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None,
-                      decode=cfg.rollout.decode, compile=cfg.rollout.compile,
-                      record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
-                      prefill_fn=_prefill_fn(cfg, policy))
-    reference, in_reference = None, contextlib.nullcontext
+    policy_forward = PolicyForward(policy, temperature=cfg.rollout.temperature, compile=cfg.trainer.compile,
+                                   record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
+                                   max_tokens=cfg.trainer.micro_batch_tokens,
+                                   routing_replay=cfg.algorithm.routing_replay,
+                                   router_aux_loss=cfg.algorithm.router_aux_loss_coef > 0)
+    if cfg.rollout.engine == "vllm":
+        from literl.rollout.vllm_engine import engine_from_config
+
+        engine = engine_from_config(cfg, policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
+                                    console=console)
+    else:
+        engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
+                          dtype=_engine_dtype(cfg),
+                          weights="float8_e4m3" if cfg.rollout.dtype == "float8_e4m3" else None,
+                          decode=cfg.rollout.decode, compile=cfg.rollout.compile, recorder=policy_forward.recorder)
+    reference = None
     if objective.needs_reference and is_lora(policy) and not cfg.model.reference:
-        # The base model is the policy with its adapters off: no second copy (literl/training/lora.py).
-        reference, in_reference = policy, reference_context(policy)
+        # The base model is the policy with its adapters off: no second copy (literl/lora.py).
+        reference = AdaptersOff(PolicyForward(policy, temperature=cfg.rollout.temperature,
+                                              compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens))
     elif objective.needs_reference:
-        reference = _reference_model(cfg, policy, device)
+        reference = PolicyForward(_reference_model(cfg, policy, device), temperature=cfg.rollout.temperature,
+                                  compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens)
 
     from literl.data.prompts import render_prompt
     from literl.rewards import RewardSet
@@ -128,6 +165,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     rewards = RewardSet(_reward_specs(cfg, reward_fns), timeout_s=cfg.reward.timeout_s,
+                        step_timeout_s=cfg.reward.step_timeout_s,
                         chat_messages=_chat_messages(cfg, tokenizer, template))
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
@@ -137,6 +175,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
         max_rounds=r.max_rounds, stream=PromptStream(len(data.problems), seed=cfg.seed), pad_id=pad_id,
         record_forward=cfg.trainer.replay_max_gib > 0)
     optimizer, scheduler = build_optimizer(cfg, policy)
+    policy_forward.watch(optimizer)
     evaluator = build_evaluator(cfg, tokenizer=tokenizer)
     # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
     # the corrected command starts afresh instead of being told to resume.
@@ -149,10 +188,10 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     console.note(f"run directory {run_dir} | device {device} | {total:,} parameters"
                  + (f" ({trainable:,} trained: LoRA adapters)" if trainable < total else "")
                  + f" | {len(data.problems):,} training problems ({data.description})")
-    return RunComponents(cfg=cfg, run_dir=run_dir, device=device, policy=policy, tokenizer=tokenizer,
-                         reference=reference, reference_context=in_reference, engine=engine, objective=objective, collector=collector,
+    return RunComponents(cfg=cfg, run_dir=run_dir, device=device, policy=policy, policy_forward=policy_forward,
+                         tokenizer=tokenizer, reference=reference, engine=engine, objective=objective, collector=collector,
                          optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
-                         diagnostics=diagnostics)
+                         diagnostics=diagnostics, lock=lock)
 
 
 def _quiet_hugging_face() -> None:
@@ -163,12 +202,12 @@ def _quiet_hugging_face() -> None:
     hf_logging.set_verbosity_error()
 
 
-def _prefill_fn(cfg: Config, policy: torch.nn.Module):
-    """The rollout's prefill: the hand-applied prompt layers the update uses (compiled with the decode step) for
-    models that run them exactly, else the engine's default (the model's own forward)."""
-    if not (runs_layer_by_layer(policy) and matches_plain_forward(policy)):
-        return None
-    return functools.partial(prefill_by_layers, compiled=cfg.rollout.compile)
+def _engine_dtype(cfg: Config) -> torch.dtype | None:
+    """The engine's own precision (None: it samples from the policy module itself); an FP8 engine computes in
+    bfloat16 on weights rounded to FP8."""
+    if cfg.rollout.dtype == "float8_e4m3":
+        return torch.bfloat16
+    return DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None
 
 
 def _device(choice: str) -> torch.device:
@@ -179,23 +218,90 @@ def _device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
-def _check_run_dir(cfg: Config, console: Console) -> Path:
-    """The run directory; refuses one that holds a run unless resuming (before anything slow loads)."""
+def _claim_run_dir(cfg: Config, console: Console) -> tuple[Path, DirectoryLock, bool]:
+    """The run directory, locked for this process (one writer per run) and checked (before anything slow loads);
+    also whether this call created it."""
     if cfg.trainer.output_dir:
         run_dir = Path(cfg.trainer.output_dir)
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path("runs") / f"{cfg.preset or 'custom'}-{stamp}"
+    created = not run_dir.exists()
+    lock = DirectoryLock(run_dir).acquire()
+    try:
+        _check_run_dir(run_dir, cfg, console)
+        removed = remove_stale_temporaries(run_dir)     # under the lock: no other process is writing them
+    except BaseException:
+        _give_up_run_dir(run_dir, lock, created)
+        raise
+    if removed:
+        console.note(f"removed {len(removed)} unfinished temporary file(s) left by an interrupted save: "
+                     + ", ".join(str(p.relative_to(run_dir)) for p in removed[:3]) + (" …" if len(removed) > 3 else ""))
+    return run_dir, lock, created
+
+
+def _give_up_run_dir(run_dir: Path, lock: DirectoryLock, created: bool) -> None:
+    """A start that failed leaves the directory as it found it (a directory it created is removed when empty)."""
+    lock.release()
+    if created:
+        try:
+            (run_dir / LOCK_NAME).unlink(missing_ok=True)
+            run_dir.rmdir()
+        except OSError:
+            pass        # something else was written there: keep it
+
+
+def _check_run_dir(run_dir: Path, cfg: Config, console: Console) -> None:
+    """Refuse a directory that holds a run unless resuming, and a resume that would redo a finished run."""
     config_path = run_dir / "config.yaml"
     # A lone config.yaml is what a start that failed while loading left behind (before it was written last).
-    if run_dir.exists() and any(entry.name != "config.yaml" for entry in run_dir.iterdir()):
+    if run_dir.exists() and any(entry.name not in ("config.yaml", LOCK_NAME) for entry in run_dir.iterdir()):
         if not cfg.trainer.resume:
             raise FileExistsError(
                 f"run directory {run_dir} already holds a run. Continue it with trainer.resume=true, or choose "
                 f"another trainer.output_dir (nothing there was changed).")
+        finished = [name for name in ("summary.json", "final") if (run_dir / name).exists()]
+        if finished and not checkpoint_candidates(run_dir):
+            raise FileExistsError(
+                f"run directory {run_dir} holds a finished run ({' and '.join(finished)}) whose checkpoints were "
+                "deleted, so it cannot be continued: resuming would retrain from step 0 and overwrite final/. "
+                "Start a new run in another trainer.output_dir (nothing there was changed).")
         if config_path.exists():
-            _warn_config_changes(from_yaml_file(config_path), cfg, console)
-    return run_dir
+            try:
+                saved = from_yaml_file(config_path)
+            except ConfigError as err:
+                console.note(f"not comparing with the saved config: {err}")
+            else:
+                _warn_config_changes(saved, cfg, console)
+
+
+def _check_sizes(cfg: Config, data, policy, tokenizer, template: str, prompt_options: dict, device,
+                 console: Console) -> None:
+    """Prompts that cannot fit the model's context are dropped from `data` (or refused); sizes that cannot fit
+    the model or the memory at all are refused (literl/training/limits.py)."""
+    from literl.data.prompts import render_prompt
+
+    check_max_new_tokens(cfg, policy)
+    kept, overlong = fit_prompts_to_context(
+        data.problems, lambda i: render_prompt(str(data.problems[i]["problem"]), tokenizer, template, **prompt_options),
+        policy, max_new_tokens=cfg.rollout.max_new_tokens,
+        overhead=len(render_prompt("x", tokenizer, template, **prompt_options)),
+        on_overlong=cfg.data.overlong_prompts)
+    if overlong:
+        console.note(f"WARNING: skipped {len(overlong)} of {len(data.problems)} training problems whose prompt + "
+                     f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} exceeds the model's {max_positions(policy)} "
+                     f"positions (first: row {overlong[0]}); data.overlong_prompts=error refuses them instead")
+        data.problems = kept
+    check_rollout_memory(cfg, policy, device)
+
+
+def _check_reference_path(cfg: Config) -> None:
+    """A local model.reference that does not exist fails here with its key, not deep inside transformers."""
+    ref = cfg.model.reference
+    looks_local = ref and (ref.startswith(("/", ".", "~")) or ref.count("/") != 1)
+    if looks_local and not Path(ref).expanduser().is_dir():
+        raise FileNotFoundError(f"model.reference={ref} is not a directory; point it at a model saved with "
+                                "save_pretrained, or leave it unset for a frozen copy of the starting policy")
 
 
 def _write_run_config(run_dir: Path, cfg: Config) -> None:

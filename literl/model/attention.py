@@ -1,0 +1,141 @@
+"""The attention step of `literl.model.layer.decoder_layer`, one per kind of pass.
+
+Each maker returns `attend(attn, query_NQD, key_NJD, value_NJD) -> attended_NF` for one layer (N the body's
+leading shape, Q query heads, J key/value heads, F = Q·D, o_proj's input):
+
+- `cached`: one decode step against a static KV cache (write this token's key and value at a cache column,
+  attend over the columns written so far);
+- `dense`: a full forward over [rows, width] tokens, causal within them, optionally after a prefix of keys and
+  values they all may attend to (their prompt's); optionally keeping each layer's own keys and values;
+- `replayed`: packed tokens whose attention output (and, on CPU, its log-sum-exp) a rollout recorded: the
+  forward returns the record, the backward is the attention's (`RecordedAttention`).
+
+Grouped-query attention never repeats keys and values per query head: a static decode step views the query
+heads sharing a key/value head as that head's Z "queries"; the dense forward passes `enable_gqa`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from literl.model.kernels import gather_distinct_rows, padded
+
+
+def cached(keys_RJSD: torch.Tensor, values_RJSD: torch.Tensor, bias_R11S: torch.Tensor, column: int,
+           keep: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """Attention of one decode step (one token per row, query_RQD) at cache column `column`.
+
+    `keep=(out_RF, lse_RQ)` (CPU only: a record's rows, `literl.model.record.keeps_attention`) also writes the
+    output, one row per token, and the log-sum-exp per query head: the CPU flash kernel, which SDPA runs here
+    anyway, gives both; the kept output is then o_proj's input (the kernel's own output is head-major)."""
+
+    def attend(attn, query_RQD, key_RJD, value_RJD):
+        R, D = query_RQD.shape[0], query_RQD.shape[-1]
+        keys_RJSD.narrow(2, column, 1).copy_(key_RJD[:, :, None])
+        values_RJSD.narrow(2, column, 1).copy_(value_RJD[:, :, None])
+        # The query heads sharing a key/value head become its Z "queries" (query head h = j·Z + z).
+        query_RJZD = query_RQD.view(R, keys_RJSD.shape[1], -1, D)
+        keys_RJCD, values_RJCD = keys_RJSD[:, :, :column + 1], values_RJSD[:, :, :column + 1]
+        if keep is None:
+            out_RJZD = F.scaled_dot_product_attention(query_RJZD, keys_RJCD, values_RJCD, attn_mask=bias_R11S,
+                                                      scale=attn.scaling)
+            return out_RJZD.reshape(R, -1)
+        out_RJZD, lse_RJZ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query_RJZD, keys_RJCD, values_RJCD, 0.0, False, attn_mask=bias_R11S, scale=attn.scaling)
+        keep[0].copy_(out_RJZD.reshape(R, -1))
+        keep[1].copy_(lse_RJZ.reshape(R, -1))
+        return keep[0]
+
+    return attend
+
+
+def dense(bias_R1WS: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+          kept: list | None = None):
+    """Attention of [R, W] tokens (query_RWQD) over `prefix` (keys_RJXD, values_RJXD: X columns every row's
+    tokens may attend to, e.g. its prompt) then over themselves; `bias_R1WS` is the additive mask over the
+    S = X + W key columns. With a list `kept`, each call appends its own (keys_RJWD, values_RJWD)."""
+
+    def attend(attn, query_RWQD, key_RWJD, value_RWJD):
+        query_RQWD, key_RJWD, value_RJWD = query_RWQD.transpose(1, 2), key_RWJD.transpose(1, 2), \
+            value_RWJD.transpose(1, 2)
+        if kept is not None:
+            kept.append((key_RJWD, value_RJWD))
+        keys, values = (key_RJWD, value_RJWD) if prefix is None else (torch.cat([prefix[0], key_RJWD], dim=2),
+                                                                      torch.cat([prefix[1], value_RJWD], dim=2))
+        out_RQWD = F.scaled_dot_product_attention(query_RQWD, keys, values, attn_mask=bias_R1WS, scale=attn.scaling,
+                                                  enable_gqa=True)
+        return out_RQWD.transpose(1, 2).flatten(2)
+
+    return attend
+
+
+def replayed(prefix: tuple[torch.Tensor, torch.Tensor], slot_M: torch.Tensor, rows: int, width: int,
+             bias_R1WS: torch.Tensor, kept: list[torch.Tensor]):
+    """Attention of m packed response tokens (query_MQD; `slot_M` = row·width + column of each) over their row's
+    prefix and the row's earlier tokens, on the padded [rows, heads, width, D] layout. `kept` is the record's
+    (attention output, log-sum-exp) rows for the tokens (empty where the record does not keep them: then the
+    attention is computed)."""
+
+    def attend(attn, query_MQD, key_MJD, value_MJD):
+        query, key, value = (padded(x, slot_M, rows, width) for x in (query_MQD, key_MJD, value_MJD))
+        keys, values = torch.cat([prefix[0], key], dim=2), torch.cat([prefix[1], value], dim=2)
+        if kept:
+            return RecordedAttention.apply(query, keys, values, *kept, slot_M, bias_R1WS, attn.scaling)
+        out_RQWD = F.scaled_dot_product_attention(query, keys, values, attn_mask=bias_R1WS, scale=attn.scaling,
+                                                  enable_gqa=True)
+        return gather_distinct_rows(out_RQWD.transpose(1, 2).flatten(0, 1).flatten(1), slot_M)
+
+    return attend
+
+
+class RecordedAttention(torch.autograd.Function):
+    """Attention of packed tokens whose output out_MF and log-sum-exp lse_MQ (per query head) the rollout
+    recorded: forward returns out_MF; backward is the CPU flash kernel's backward on the padded layout,
+
+        P = exp(s − lse),  s = scale · q·kᵀ + bias      ∂v = Pᵀ·g      ∂s = P ⊙ (g·vᵀ − rowsum(g ⊙ out))
+        ∂q = scale · ∂s·k      ∂k = scale · ∂sᵀ·q
+
+    which needs out and lse but not the forward itself. Padded query positions get lse = +∞ (P = 0 there) and a
+    zero gradient, so they contribute nothing."""
+
+    @staticmethod
+    def forward(ctx, query_RQWD, keys_RJSD, values_RJSD, out_MF, lse_MQ, slot_M, bias_R1WS, scale):
+        ctx.save_for_backward(query_RQWD, keys_RJSD, values_RJSD, out_MF, lse_MQ, slot_M, bias_R1WS)
+        ctx.scale = scale
+        return out_MF.view_as(out_MF)
+
+    @staticmethod
+    def backward(ctx, grad_MF):
+        query_RQWD, keys_RJSD, values_RJSD, out_MF, lse_MQ, slot_M, bias_R1WS = ctx.saved_tensors
+        R, Q, W, D = query_RQWD.shape
+        out_RQWD = padded(out_MF.view(-1, Q, D), slot_M, R, W)
+        grad_RQWD = padded(grad_MF.reshape(-1, Q, D), slot_M, R, W)
+        lse_RQW = padded(lse_MQ, slot_M, R, W, fill=float("inf")).contiguous()
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_RQWD, query_RQWD, keys_RJSD, values_RJSD, out_RQWD, lse_RQW, 0.0, False, attn_mask=bias_R1WS,
+            scale=ctx.scale)
+        return (*grads, None, None, None, None, None)
+
+
+def causal_bias(prefix_real_RX: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention mask [R, 1, W, X + W] of W tokens over a prefix (its real columns) and over themselves
+    (causal): 0 where allowed, −inf elsewhere. Made once per forward: a boolean mask would be converted to this
+    inside every attention call, forward and backward."""
+    R, W = prefix_real_RX.shape[0], width
+    causal_WW = torch.ones(W, W, dtype=torch.bool, device=prefix_real_RX.device).tril()
+    allowed_RWS = torch.cat([prefix_real_RX[:, None, :].expand(-1, W, -1), causal_WW[None].expand(R, W, W)], dim=-1)
+    return torch.zeros(allowed_RWS.shape, dtype=dtype, device=allowed_RWS.device).masked_fill_(
+        ~allowed_RWS, float("-inf"))[:, None]
+
+
+def left_padded_bias(real_UX: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [U, 1, X, X] of left-padded prompts over themselves: causal, real keys only. A padding
+    position also sees itself, so that no softmax row is empty: not every attention kernel returns zeros for a
+    row with no key, and a NaN there would reach the responses through the padding's keys and values, masked or
+    not (0 · NaN is NaN). What padding positions compute is never read."""
+    X = real_UX.shape[1]
+    causal_XX = torch.ones(X, X, dtype=torch.bool, device=real_UX.device).tril()
+    allowed_UXX = (causal_XX[None] & real_UX[:, None, :]) | torch.eye(X, dtype=torch.bool, device=real_UX.device)
+    return torch.zeros(allowed_UXX.shape, dtype=dtype, device=real_UX.device).masked_fill_(
+        ~allowed_UXX, float("-inf"))[:, None]
