@@ -17,7 +17,9 @@ What a rollout engine needs: the Hugging Face engine samples from the policy mod
 its own copy of the peft model, in another precision, synced parameter by parameter), so it needs nothing. An
 engine that loads a Hugging Face model folder (vLLM) takes the merged model: `save_merged` writes it and
 `merged_state_dict(policy)` gives its weights after each step, under the base model's parameter names with
-W + (alpha / rank)·B·A in place of each adapted weight.
+W + (alpha / rank)·B·A in place of each adapted weight. literl's FP8-like engine (rollout.dtype=float8_e4m3)
+rounds every linear layer of its copy, the adapter matrices A and B included (`literl.model.quantize`), where an
+FP8 engine serving LoRA keeps the adapters in bf16.
 
 `final/` of a LoRA run (`final_view`) is the merged model (config.json + safetensors, loadable by transformers
 and vLLM like any checkpoint) with the adapter beside it in `final/adapter/` (loadable with peft). Checkpoints
