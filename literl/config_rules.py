@@ -103,6 +103,14 @@ def validate(cfg: Config) -> None:
     for tracker in t.trackers:
         _check(tracker in ("tensorboard", "wandb"), f"trainer.trackers: unknown tracker '{tracker}' "
                                                      "(valid: tensorboard, wandb)")
+    c = cfg.cluster
+    _check(c.address is None or str(c.address).strip() != "",
+           "cluster.address is empty: use null (one process), local, or a Ray cluster's address")
+    _check(c.trainer_ranks >= 1, f"cluster.trainer_ranks={c.trainer_ranks} must be >= 1")
+    _check(c.rollout_workers >= 1, f"cluster.rollout_workers={c.rollout_workers} must be >= 1")
+    _check(c.cpus_per_worker > 0, f"cluster.cpus_per_worker={c.cpus_per_worker} must be > 0")
+    _check(c.gpus_per_worker >= 0, f"cluster.gpus_per_worker={c.gpus_per_worker} must be >= 0 (0: CPU)")
+    _check(c.sync_bucket_mb > 0, f"cluster.sync_bucket_mb={c.sync_bucket_mb} must be > 0")
 
     # Combinations that silently do the wrong thing in other frameworks.
     _check(not (algo.policy_loss.name == "minirl" and algo.is_correction.name != "none"),
