@@ -137,6 +137,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
         from literl.distributed import start_cluster
 
         engine, learner = start_cluster(cfg, policy=policy, reference=None if reference is None else reference.model,
+                                        objective=objective,
                                         engine_options=_engine_options(cfg, policy, tokenizer, pad_id),
                                         run_dir=run_dir, console=console)
         collector.engine = engine
