@@ -164,6 +164,17 @@ class TrainerRank:
                 out[name] = tensor.cpu().clone()
         return out if self.rank == 0 else None
 
+    def full_gradients(self) -> dict[str, torch.Tensor] | None:
+        """Every parameter's gradient gathered whole (a collective); rank 0 returns them (what the exactness tests
+        compare with one process's)."""
+        out = {}
+        for name, param in self.policy.named_parameters():
+            if param.grad is not None:
+                grad = weight_sync.full(param.grad).detach()
+                if self.rank == 0:
+                    out[name] = grad.cpu().clone()
+        return out if self.rank == 0 else None
+
     def optimizer_state(self) -> dict | None:
         """The optimizer and scheduler state in the single-process layout (each state tensor whole); rank 0."""
         state = self.optimizer.state_dict()
