@@ -86,6 +86,10 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     if cfg.trainer.retain_host_memory and device.type == "cpu":
         retain_freed_host_memory()
     run_dir = _check_run_dir(cfg, console)
+    if cfg.cluster.address is not None:
+        from literl.distributed import connect
+
+        connect(cfg.cluster)        # Ray missing or a cluster out of reach fails here, before anything slow loads
 
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
     policy.to(device=device, dtype=DTYPES[cfg.model.dtype])

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from literl.distributed.cluster import INSTALL, ClusterError
+from literl.distributed.cluster import INSTALL, ClusterError, connect
 
-__all__ = ["ClusterError", "INSTALL", "start_cluster"]
+__all__ = ["ClusterError", "INSTALL", "connect", "start_cluster"]
 
 
 def start_cluster(cfg, *, policy, reference, objective, engine_options: dict, run_dir: Path, console=None):
     """Connect to (or start) the Ray cluster of `cfg.cluster` and start its actors; returns (engine, learner):
     a `RayRolloutGenerator` and a `RayLearner`. Both start from `policy`'s (and `reference`'s) current weights."""
-    from literl.distributed.cluster import connect
     from literl.distributed.learner import RayLearner
     from literl.distributed.rollout import RayRolloutGenerator
 

@@ -60,13 +60,14 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(to_yaml(resolve(cfg)))
         return 0
+    from literl.distributed import ClusterError
     from literl.training.api import run as run_training
 
     try:
         run_training(cfg)
     except KeyboardInterrupt:
         return 130
-    except (FileExistsError, FileNotFoundError, ConfigError, ValueError) as err:
+    except (FileExistsError, FileNotFoundError, ConfigError, ValueError, ClusterError) as err:
         print(f"literl train: {err}", file=sys.stderr)
         return 2
     return 0
