@@ -40,7 +40,7 @@ def connect(cluster, *, threads: int | None = None):
     wanted = (cluster.trainer_ranks + cluster.rollout_workers) * cluster.cpus_per_worker
     options: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     if address == "local":
-        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), **options)
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), **options)
     else:
         _check_reachable(address)
         try:
