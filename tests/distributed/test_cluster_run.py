@@ -122,13 +122,52 @@ def test_a_rollout_worker_killed_mid_generation_is_replaced_and_its_prompts_resa
     victim = engine.worker_pids()[0]
     prompts = [[5 + i % 7, 9, 11 + i % 5] for i in range(48) for _ in range(4)]      # 48 groups of 4
     params = SamplingParams(max_new_tokens=96)
-    threading.Timer(0.3, os.kill, (victim, signal.SIGKILL)).start()
+    # Killed while the call is under way: before its share reaches the victim or while the victim samples it
+    # (a share takes far longer than the kill; which of the two happens does not change what must follow).
+    threading.Timer(0.01, os.kill, (victim, signal.SIGKILL)).start()
     generation = engine.generate(prompts, params, rng=torch.Generator().manual_seed(0))
     assert generation.response_ids_BT.shape[0] == len(prompts) and generation.mask_BT[:, 0].all()
     assert victim not in engine.worker_pids()
     metrics = engine.sync_weights(parts.learner.weights())
     assert metrics["cluster/rollout_retries"] >= 1
     assert engine.weights_hashes() == [weights_hash(parts.learner.policy())] * 2
+
+
+def test_checkpoints_move_between_the_cluster_and_one_process(cluster_run, tmp_path):
+    """The cluster run's last checkpoint holds the ranks' optimizer state whole, in the single-process layout;
+    one process resumes it and trains a step; the ranks then take that checkpoint (as a resume in cluster mode
+    does: weights into the driver's copy, then the learner) and hold exactly its weights and optimizer state."""
+    import shutil
+
+    from literl.training.checkpoint import latest_checkpoint, load_checkpoint
+
+    parts, _, _ = cluster_run
+    learner = parts.learner
+    saved = torch.load(latest_checkpoint(parts.run_dir) / "trainer_state.pt", weights_only=False)
+    assert saved["step"] == 3
+    _assert_same_state(saved["optimizer"], learner.state_dict()["optimizer"])
+
+    run = tmp_path / "run"
+    shutil.copytree(parts.run_dir, run)
+    cfg = load_config(preset="lite_ppo", overrides=RUN + [f"trainer.output_dir={run}", "trainer.resume=true",
+                                                          "trainer.steps=4"])
+    single = build_components(cfg, reward_fns=[length_reward])
+    Trainer(single).fit()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+    path = latest_checkpoint(run)
+    state = load_checkpoint(path, learner.policy())
+    learner.load_state_dict(state)
+    _assert_same_state(state["optimizer"], learner.state_dict()["optimizer"])
+    for name, param in learner.policy().named_parameters():
+        assert torch.equal(param, dict(single.policy.named_parameters())[name]), name
+
+
+def _assert_same_state(expected: dict, got: dict) -> None:
+    assert expected["param_groups"] == got["param_groups"]
+    assert sorted(expected["state"]) == sorted(got["state"]) and expected["state"]
+    for index, values in expected["state"].items():
+        for key, value in values.items():
+            assert torch.equal(got["state"][index][key], value), (index, key)
 
 
 def test_a_dead_trainer_rank_stops_the_run_naming_the_rank_and_how_to_resume(cluster_run):
