@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import signal
 import socket
 from typing import Any
 
@@ -40,7 +41,15 @@ def connect(cluster, *, threads: int | None = None):
     wanted = (cluster.trainer_ranks + cluster.rollout_workers) * cluster.cpus_per_worker
     options: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     if address == "local":
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), **options)
+        # The cluster's processes start with SIGINT ignored: Ctrl-C in a terminal reaches the whole foreground
+        # process group, and the run must keep its cluster while it finishes the step and saves; the driver's
+        # exit then shuts the cluster down (ray.shutdown), its actors with it.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        try:
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), **options)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
     else:
         _check_reachable(address)
         try:
@@ -70,9 +79,33 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
                            f"cluster.address=local for a cluster on this machine") from err
 
 
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+_ACTORS: list = []      # every actor this process started, stopped at its exit (Ctrl-C included)
+
+
+def started(actor):
+    """Note an actor this process started, so that its exit stops it (returns the actor)."""
+    _ACTORS.append(actor)
+    return actor
+
+
 def _shutdown(ray) -> None:
-    if ray.is_initialized():
-        ray.shutdown()
+    """At exit: stop this process's actors, then Ray. An actor whose owner is gone would be stopped by Ray too,
+    but a local cluster's processes can go first (a terminal's Ctrl-C), leaving its actors' processes behind."""
+    if not ray.is_initialized():
+        return
+    for actor in _ACTORS:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    _ACTORS.clear()
+    ray.shutdown()
 
 
 def node_address() -> str:

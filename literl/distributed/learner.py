@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from literl.distributed.cluster import ClusterError, actor_options, threads_for, wait_all
+from literl.distributed.cluster import ClusterError, actor_options, started, threads_for, wait_all
 from literl.distributed.trainer_rank import TrainerRank
 from literl.metric_reduction import MetricAccumulator
 from literl.ops import Ratio
@@ -37,7 +37,7 @@ class RayLearner:
         world = cfg.cluster.trainer_ranks
         actor = ray.remote(TrainerRank).options(**actor_options(cfg.cluster))
         threads = threads_for(cfg.cluster)
-        self.ranks = [actor.remote(rank, world, cfg, threads) for rank in range(world)]
+        self.ranks = [started(actor.remote(rank, world, cfg, threads)) for rank in range(world)]
         host, port = wait_all(ray, [self.ranks[0].rendezvous.remote()], self.ranks[:1], "trainer rank")[0]
         policy_ref = ray.put(policy)
         reference_ref = ray.put(reference) if reference is not None else None

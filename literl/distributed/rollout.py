@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from literl.distributed import weight_sync
-from literl.distributed.cluster import ClusterError, actor_options, free_port, node_address, threads_for, wait_all
+from literl.distributed.cluster import ClusterError, actor_options, started, threads_for, wait_all
 from literl.rollout.generator import Generation, SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -87,7 +87,8 @@ class RayRolloutGenerator:
         self.bucket_bytes = int(cfg.cluster.sync_bucket_mb * 2**20)
 
     def _start_worker(self):
-        return self._actor.remote(self._policy_ref, self.cfg, self._engine_options, threads_for(self.cfg.cluster))
+        return started(self._actor.remote(self._policy_ref, self.cfg, self._engine_options,
+                                          threads_for(self.cfg.cluster)))
 
     # ------------------------------------------------------------------------------------------ generate
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, rng: torch.Generator | None = None,
