@@ -21,6 +21,7 @@ Modes (each prints one JSON line on stdout; progress goes to stderr):
     python benchmarks/step_speed.py                  # the comparison (about 2 minutes on 2 idle cores)
     python benchmarks/step_speed.py --sweep
     python benchmarks/step_speed.py --memory
+    python benchmarks/step_speed.py --engine vllm    # literl's step with the vLLM engine (benchmarks/vllm_step.py)
 """
 
 from __future__ import annotations
@@ -297,6 +298,9 @@ def main(argv=None) -> None:
     mode.add_argument("--sweep", action="store_true", help="group size × response length, literl only")
     mode.add_argument("--memory", action="store_true", help="peak memory of one step at vocabulary 151,936")
     mode.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                        help="vllm: literl's step with rollout.engine=vllm against vLLM generate alone + literl's "
+                             "update alone, in one run (benchmarks/vllm_step.py)")
     parser.add_argument("--steps", type=int, help="timed steps per framework (default 5; sweep: 3 per point)")
     parser.add_argument("--warmup", type=int, help="untimed steps first (default 2; sweep: 1 per point)")
     parser.add_argument("--threads", type=int, default=workload.TORCH_THREADS)
@@ -318,7 +322,11 @@ def main(argv=None) -> None:
     default_steps, default_warmup = (3, 1) if args.sweep else (5, 2)
     args.steps = default_steps if args.steps is None else args.steps
     args.warmup = default_warmup if args.warmup is None else args.warmup
-    if args.sweep:
+    if args.engine == "vllm":
+        from vllm_step import vllm_record
+
+        record = vllm_record(args, problems())
+    elif args.sweep:
         record = sweep_record(args)
     elif args.memory:
         record = memory_record(args)

@@ -69,6 +69,8 @@ class RunComponents:
         write_json_atomic(self.run_dir / "summary.json", summary)
         self.diagnostics.write(self.run_dir / "diagnostics.json")
         self.log.close()
+        if hasattr(self.engine, "close"):      # an engine in its own process (rollout.engine=vllm)
+            self.engine.close()
         self.console.summary(self.run_dir, eval_results, wall)
 
 
@@ -104,7 +106,13 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
                                    max_tokens=cfg.trainer.micro_batch_tokens,
                                    routing_replay=cfg.algorithm.routing_replay,
                                    router_aux_loss=cfg.algorithm.router_aux_loss_coef > 0)
-    engine = HFEngine(policy, **_engine_options(cfg, policy, tokenizer, pad_id), recorder=policy_forward.recorder)
+    if cfg.rollout.engine == "vllm":
+        from literl.rollout.vllm_engine import engine_from_config
+
+        engine = engine_from_config(cfg, policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
+                                    console=console)
+    else:
+        engine = HFEngine(policy, **_engine_options(cfg, policy, tokenizer, pad_id), recorder=policy_forward.recorder)
     reference = None
     if objective.needs_reference:
         reference = PolicyForward(_reference_model(cfg, policy, device), temperature=cfg.rollout.temperature,

@@ -41,7 +41,8 @@ def trick(name: str, **params) -> TrickSpec:
 class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory (or hub id when the hub is reachable). "
                                   "null: the embedded testbed model")
-    testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro")
+    testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro | moe (a tiny "
+                                "Qwen3-MoE, 8 experts, 2 per token, warmed up like base: docs/testbed.md)")
     dtype: str = knob("float32", "training precision: float32 | bfloat16")
     reference: str | None = knob(None, "reference model for KL; null: a frozen copy of the starting policy")
 
@@ -61,7 +62,30 @@ class DataConfig:
 
 
 @dataclass
+class VllmConfig:
+    python: str | None = knob(None, "the vLLM engine environment's python; null: $LITERL_VLLM_PYTHON, else .venv-vllm "
+                                    "(./run.sh vllm-setup), else this python when it has vllm")
+    gpu_memory_utilization: float = knob(0.5, "GPU: fraction of the GPU's memory vLLM may take for its weights and KV "
+                                              "cache (the trainer shares the GPU), in (0, 1]")
+    kv_cache_gib: float | None = knob(None, "KV-cache memory in GiB; null: 1 on CPU, what gpu_memory_utilization "
+                                            "leaves on GPU")
+    tensor_parallel_size: int = knob(1, "GPUs the engine shards the model over")
+    enforce_eager: bool = knob(True, "run vLLM's model eagerly: the engine starts in seconds; false compiles it "
+                                     "(CPU, float32: ~40 s more at start, generation ~40% faster; docs/vllm.md)")
+    max_model_len: int | None = knob(None, "longest prompt + response the engine serves; null: the model's "
+                                           "max_position_embeddings")
+    weight_sync: str = knob("auto", "how weights reach the engine after each step: auto (ipc when the policy is on "
+                                    "a GPU, else file) | file (a safetensors file in /dev/shm, reloaded in place) | "
+                                    "ipc (vLLM's CUDA-IPC weight transfer; untested)")
+    start_timeout_s: float = knob(600.0, "seconds the engine may take to start before the run stops with its log")
+    extra: dict[str, Any] = knob(help="more vllm.LLM(...) keyword arguments, passed as they are "
+                                      "(e.g. rollout.vllm.extra={max_num_seqs: 128})", factory=dict)
+
+
+@dataclass
 class RolloutConfig:
+    engine: str = knob("hf", "rollout engine: hf (literl's own, in the trainer's process) | vllm (vLLM in its own "
+                             "process and environment, settings in rollout.vllm; docs/vllm.md)")
     prompts_per_step: int = knob(32, "P: prompts per rollout batch")
     group_size: int = knob(8, "G: samples per prompt")
     temperature: float = knob(1.0, "sampling temperature, > 0 (the log-probs of every policy use it too)")
@@ -78,6 +102,8 @@ class RolloutConfig:
                                "static | dynamic (the model's own forward with a growing cache)")
     compile: bool = knob(False, "torch.compile the static decode step with its sampling, and the prefill (~20-40 s "
                                 "once; rollout ~25% faster on the speed benchmark, docs/speed.md; for long runs)")
+    vllm: VllmConfig = knob(help="the vLLM engine (rollout.engine=vllm); rollout.dtype is its precision",
+                            factory=VllmConfig)
 
 
 @dataclass
@@ -228,6 +254,6 @@ class Config:
                                   factory=ClusterConfig)
 
 
-__all__ = ["Config", "ConfigError", "TrickSpec", "trick", "ModelConfig", "DataConfig", "RolloutConfig",
+__all__ = ["Config", "ConfigError", "TrickSpec", "trick", "ModelConfig", "DataConfig", "RolloutConfig", "VllmConfig",
            "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig", "EvalConfig",
            "ClusterConfig"]

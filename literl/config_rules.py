@@ -23,12 +23,13 @@ CHOICES = {
     "rollout.dtype": ("float32", "bfloat16", "float8_e4m3"),
     "algorithm.routing_replay": ("none", "r2", "r3"),
     "rollout.decode": ("auto", "static", "dynamic"),
+    "rollout.engine": ("hf", "vllm"),
     "optim.schedule": ("constant", "linear", "cosine"),
     "trainer.recompute_old_logp": ("auto", "always"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "data.template": ("auto", "plain", "chat", "raw"),
     "data.difficulty": ("easy", "medium", "hard", "mixed"),
-    "model.testbed": ("base", "aligned", "micro"),
+    "model.testbed": ("base", "aligned", "micro", "moe"),
     "algorithm.aggregation_normaliser": ("global", "local"),
 }
 
@@ -36,6 +37,24 @@ CHOICES = {
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
+
+
+def _check_vllm(r) -> None:
+    v = r.vllm
+    _check(r.engine != "vllm" or r.dtype in ("float32", "bfloat16"),
+           f"rollout.engine=vllm runs rollout.dtype=float32 or bfloat16, not {r.dtype} (literl's FP8-like rounding "
+           "is its own engine's: use rollout.engine=hf; vLLM's own FP8, rollout.vllm.extra={quantization: fp8}, "
+           "needs a GPU and is untested here)")
+    _check(v.weight_sync in ("auto", "file", "ipc"),
+           f"rollout.vllm.weight_sync={v.weight_sync!r} is not one of: auto, file, ipc")
+    _check(0 < v.gpu_memory_utilization <= 1,
+           f"rollout.vllm.gpu_memory_utilization={v.gpu_memory_utilization} must be in (0, 1]")
+    _check(v.kv_cache_gib is None or v.kv_cache_gib > 0,
+           f"rollout.vllm.kv_cache_gib={v.kv_cache_gib} must be > 0, or null for the default")
+    _check(v.tensor_parallel_size >= 1, f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size} must be >= 1")
+    _check(v.max_model_len is None or v.max_model_len >= 2,
+           f"rollout.vllm.max_model_len={v.max_model_len} must be >= 2, or null for the model's own")
+    _check(v.start_timeout_s > 0, f"rollout.vllm.start_timeout_s={v.start_timeout_s} must be > 0")
 
 
 def validate(cfg: Config) -> None:
@@ -111,6 +130,11 @@ def validate(cfg: Config) -> None:
     _check(c.cpus_per_worker > 0, f"cluster.cpus_per_worker={c.cpus_per_worker} must be > 0")
     _check(c.gpus_per_worker >= 0, f"cluster.gpus_per_worker={c.gpus_per_worker} must be >= 0 (0: CPU)")
     _check(c.sync_bucket_mb > 0, f"cluster.sync_bucket_mb={c.sync_bucket_mb} must be > 0")
+    _check(c.address is None or r.engine != "vllm",
+           "cluster.address with rollout.engine=vllm: the rollout workers of a Ray cluster run literl's HF engine "
+           "(a vLLM engine per worker is not built yet); set rollout.engine=hf, or cluster.address=null")
+
+    _check_vllm(r)
 
     # Combinations that silently do the wrong thing in other frameworks.
     _check(not (algo.policy_loss.name == "minirl" and algo.is_correction.name != "none"),

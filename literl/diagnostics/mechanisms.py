@@ -37,27 +37,27 @@ def repeated_suffix_fraction(tokens: list[int] | np.ndarray, max_period: int = M
     return float(repeated_suffix_fractions(ids_1L, torch.ones_like(ids_1L, dtype=torch.bool), max_period)[0])
 
 
-def repeated_suffix_fractions(ids_NL: torch.Tensor, mask_NL: torch.Tensor, max_period: int = MAX_PERIOD
+def repeated_suffix_fractions(ids_RL: torch.Tensor, mask_RL: torch.Tensor, max_period: int = MAX_PERIOD
                               ) -> torch.Tensor:
     """`repeated_suffix_fraction` of each row's masked tokens, all rows at once (a few tensor ops per period
     instead of one Python loop per row: ~5 ms a step at 128 responses before)."""
-    N, L = ids_NL.shape
-    n_N = mask_NL.sum(-1)
-    if N == 0 or L == 0:
-        return torch.zeros(N, dtype=torch.float64)
+    R, L = ids_RL.shape
+    n_R = mask_RL.sum(-1)
+    if R == 0 or L == 0:
+        return torch.zeros(R, dtype=torch.float64)
     # Right-align each row's tokens so that their tails end in the last column; the columns before a row's start
     # hold distinct negative values, which equal no token and no other column, so no run crosses the start.
-    aligned_NL = -1 - torch.arange(L).expand(N, L).clone()
-    column_NL = L - n_N[:, None] + mask_NL.long().cumsum(-1) - 1
-    aligned_NL[torch.arange(N)[:, None].expand(N, L)[mask_NL], column_NL[mask_NL]] = ids_NL[mask_NL].long()
-    best_N = torch.zeros(N, dtype=torch.long)
+    aligned_RL = -1 - torch.arange(L).expand(R, L).clone()
+    column_RL = L - n_R[:, None] + mask_RL.long().cumsum(-1) - 1
+    aligned_RL[torch.arange(R)[:, None].expand(R, L)[mask_RL], column_RL[mask_RL]] = ids_RL[mask_RL].long()
+    best_R = torch.zeros(R, dtype=torch.long)
     for p in range(1, min(max_period, L // MIN_REPEATS) + 1):
-        equal_NM = aligned_NL[:, p:] == aligned_NL[:, :-p]
-        run_N = equal_NM.flip(-1).cumprod(-1).sum(-1)
-        tail_N = run_N + p
-        counts_N = (tail_N >= MIN_REPEATS * p) & (p <= n_N // MIN_REPEATS)
-        best_N = torch.where(counts_N, torch.maximum(best_N, tail_N), best_N)
-    return torch.where(n_N > 0, best_N.double() / n_N.clamp(min=1), torch.zeros(N, dtype=torch.float64))
+        equal_RL = aligned_RL[:, p:] == aligned_RL[:, :-p]
+        run_R = equal_RL.flip(-1).cumprod(-1).sum(-1)
+        tail_R = run_R + p
+        counts_R = (tail_R >= MIN_REPEATS * p) & (p <= n_R // MIN_REPEATS)
+        best_R = torch.where(counts_R, torch.maximum(best_R, tail_R), best_R)
+    return torch.where(n_R > 0, best_R.double() / n_R.clamp(min=1), torch.zeros(R, dtype=torch.float64))
 
 
 class MechanismDiagnostics:

@@ -46,9 +46,9 @@ class Decoder(Protocol):
         one (the static decoder's compiled step samples inside its graph)."""
         ...
 
-    def keep(self, slots_K: torch.Tensor) -> None:
+    def keep(self, kept_R: torch.Tensor) -> None:
         """Keep only these slots (in this order); the others are dropped from the batch and the cache. Any order
-        is valid; a decoder may be cheapest when most slots keep their position (slots_K[i] == i)."""
+        is valid; a decoder may be cheapest when most slots keep their position (kept_R[i] == i)."""
         ...
 
 
@@ -150,23 +150,23 @@ class StaticKVDecoder:
         self.position_R = self.position_R + 1
         return out
 
-    def keep(self, slots_K: torch.Tensor) -> None:
+    def keep(self, kept_R: torch.Tensor) -> None:
         # Kept rows move to the front of the same buffers (no new allocation). Only the rows whose slot changes
         # move (`hf_engine.live_slots_in_place` keeps most in place), and only their written columns: early in a
         # rollout most of each buffer is still empty.
-        K, written = slots_K.shape[0], self.column
-        moved_M = torch.nonzero(slots_K != torch.arange(K, device=slots_K.device)).flatten()
-        source_M = slots_K[moved_M]
+        count, written = kept_R.shape[0], self.column
+        moved_R = torch.nonzero(kept_R != torch.arange(count, device=kept_R.device)).flatten()
+        moved_from_R = kept_R[moved_R]
         for cache in (self.keys, self.values):
             for i, full_RJSD in enumerate(cache):
-                if moved_M.numel():
-                    written_RJCD = full_RJSD[:, :, :written]
-                    written_RJCD.index_copy_(0, moved_M, written_RJCD.index_select(0, source_M))
-                cache[i] = full_RJSD[:K]
-        self.bias_RS = self.bias_RS[slots_K]
-        self.position_R = self.position_R[slots_K]
+                if moved_R.numel():
+                    written_RJSD = full_RJSD[:, :, :written]
+                    written_RJSD.index_copy_(0, moved_R, written_RJSD.index_select(0, moved_from_R))
+                cache[i] = full_RJSD[:count]
+        self.bias_RS = self.bias_RS[kept_R]
+        self.position_R = self.position_R[kept_R]
         if self.record is not None or self.routing is not None:
-            self.slot_rows_R = self.slot_rows_R[slots_K]
+            self.slot_rows_R = self.slot_rows_R[kept_R]
 
 
 class DynamicCacheDecoder:
@@ -176,14 +176,14 @@ class DynamicCacheDecoder:
         self.model = model
         self.cache = cache
         cache.batch_select_indices(prompts.source_B)     # copy each distinct prompt's KV to its G rows
-        self.attention_mask_RC = prompts.real_UX[prompts.source_B].long()
+        self.attention_mask_RS = prompts.real_UX[prompts.source_B].long()
         self.next_position_R = prompts.length_U[prompts.source_B]
         self._cache_keyword = cache_keyword(model)
 
     def step(self, token_R: torch.Tensor) -> torch.Tensor:
-        ones_R1 = torch.ones_like(self.attention_mask_RC[:, :1])
-        self.attention_mask_RC = torch.cat([self.attention_mask_RC, ones_R1], dim=1)
-        out = self.model(input_ids=token_R[:, None], attention_mask=self.attention_mask_RC,
+        ones_R1 = torch.ones_like(self.attention_mask_RS[:, :1])
+        self.attention_mask_RS = torch.cat([self.attention_mask_RS, ones_R1], dim=1)
+        out = self.model(input_ids=token_R[:, None], attention_mask=self.attention_mask_RS,
                          position_ids=self.next_position_R[:, None], use_cache=True,
                          **{self._cache_keyword: self.cache})
         self.next_position_R = self.next_position_R + 1
@@ -192,7 +192,7 @@ class DynamicCacheDecoder:
     def step_and_sample(self, token_R: torch.Tensor, sample: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         return sample[0](self.step(token_R), *sample[1:])
 
-    def keep(self, slots_K: torch.Tensor) -> None:
-        self.cache.batch_select_indices(slots_K)
-        self.attention_mask_RC = self.attention_mask_RC[slots_K]
-        self.next_position_R = self.next_position_R[slots_K]
+    def keep(self, kept_R: torch.Tensor) -> None:
+        self.cache.batch_select_indices(kept_R)
+        self.attention_mask_RS = self.attention_mask_RS[kept_R]
+        self.next_position_R = self.next_position_R[kept_R]

@@ -156,15 +156,18 @@ class PolicyForward:
             compare = {"moe/route_agree_ti": compare_to["ti"]} if "ti" in compare_to else {}
             return Routing(replay_BLNK=replay, record_BLNK=record, compare=compare, counted_BL=counted_BL,
                            reweight=self.routing_replay == "r2")
-        replay = {"none": None, "r2": lambda: self._required(old, "r2", OLD_ROUTES),
-                  "r3": lambda: self._required(rollout, "r3", ROLLOUT_ROUTES)}[self.routing_replay]
+        replay = None
+        if self.routing_replay == "r2":
+            replay = self._required(old, "r2", OLD_ROUTES)
+        elif self.routing_replay == "r3":
+            replay = self._required(rollout, "r3", ROLLOUT_ROUTES)
         minibatch = int(rows.minibatch_B[0]) if hasattr(rows, "minibatch_B") and len(rows) else 0
         compare = {}
         if "st" in compare_to:
             compare[f"moe/route_agree_st_mb{minibatch}"] = compare_to["st"]
         elif "ti" in compare_to and minibatch == 0:
             compare["moe/route_agree_ti"] = compare_to["ti"]
-        return Routing(replay_BLNK=replay() if replay else None, compare=compare, counted_BL=counted_BL,
+        return Routing(replay_BLNK=replay, compare=compare, counted_BL=counted_BL,
                        balance=self.router_aux_loss and torch.is_grad_enabled())
 
     def _note_agreement(self, routing: Routing | None) -> None:

@@ -212,9 +212,9 @@ class HFEngine:
                 # rollout wall time against waiting for 1/8: −2% compiled / −6% eager; 1/16 −1% / −1%; 1/4
                 # +3% / +5%; within the noise of a full RL step, docs/speed.md).
                 if n_done:
-                    live_K = live_slots_in_place(~done_R)
-                    decoder.keep(live_K)
-                    row_R, token_R, done_R = row_R[live_K], token_R[live_K], done_R[live_K]
+                    kept_R = live_slots_in_place(~done_R)
+                    decoder.keep(kept_R)
+                    row_R, token_R, done_R = row_R[kept_R], token_R[kept_R], done_R[kept_R]
         return ids_BT, logp_BT
 
     def _generation(self, ids_BT: torch.Tensor, logp_BT: torch.Tensor) -> Generation:
@@ -232,15 +232,15 @@ class HFEngine:
 
 
 def live_slots_in_place(live_R: torch.Tensor) -> torch.Tensor:
-    """The K live slots, ordered for a cheap `Decoder.keep`: a live slot among the first K keeps its position,
-    and the live slots beyond K fill the holes the finished ones leave there, so compacting moves only as many
+    """The n live slots, ordered for a cheap `Decoder.keep`: a live slot among the first n keeps its position,
+    and the live slots beyond n fill the holes the finished ones leave there, so compacting moves only as many
     rows as there are holes (dropping 16 scattered rows of 128 moves at most 16, not every row after the first
     hole). Which slot holds a row does not change its samples: the noise is drawn per batch row."""
-    K = int(live_R.sum())
-    slots_K = torch.arange(K, device=live_R.device)
-    holes = torch.nonzero(~live_R[:K]).flatten()
-    slots_K[holes] = torch.nonzero(live_R[K:]).flatten() + K
-    return slots_K
+    n = int(live_R.sum())
+    kept_R = torch.arange(n, device=live_R.device)
+    holes = torch.nonzero(~live_R[:n]).flatten()
+    kept_R[holes] = torch.nonzero(live_R[n:]).flatten() + n
+    return kept_R
 
 
 def _device_rng(rng: torch.Generator | None, device: torch.device) -> torch.Generator | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from literl.testbed.measure import PolicyMeasurement, measure_policy
 from literl.testbed.model import build_model, count_parameters, load_model_dir, save_model_dir
@@ -77,7 +77,7 @@ def _check(label: str, seed: int, steps: int, result: PolicyMeasurement, progres
 
 
 def warm_up_in_band(recipe: TestbedRecipe, tokenizer: PreTrainedTokenizerBase, validation: list[dict],
-                    progress: BuildProgress) -> tuple[Qwen3ForCausalLM, int, list[dict]]:
+                    progress: BuildProgress) -> tuple[PreTrainedModel, int, list[dict]]:
     """Fresh model + slipped SFT, repeated until validation accuracy is in the gate's band.
 
     Returns (model, seed actually used, history of every check).
@@ -87,7 +87,7 @@ def warm_up_in_band(recipe: TestbedRecipe, tokenizer: PreTrainedTokenizerBase, v
     attempts = 1 if gate is None else gate.max_seed_retries + 1
     for attempt in range(attempts):
         seed = recipe.seed + SEED_RETRY_STRIDE * attempt
-        model = build_model(recipe.shape, tokenizer, seed=seed)
+        model = build_model(recipe.shape, tokenizer, seed=seed, experts=recipe.experts)
         steps = _train_phase(model, tokenizer, recipe.warmup, data_seed=seed,
                              label=f"warm-up (seed {seed})", progress=progress)
         if gate is None:
@@ -112,7 +112,7 @@ def warm_up_in_band(recipe: TestbedRecipe, tokenizer: PreTrainedTokenizerBase, v
         "Change the recipe (steps, lr, slip_rate) or the gate.")
 
 
-def align(model: Qwen3ForCausalLM, recipe: TestbedRecipe, tokenizer: PreTrainedTokenizerBase,
+def align(model: PreTrainedModel, recipe: TestbedRecipe, tokenizer: PreTrainedTokenizerBase,
           seed: int, progress: BuildProgress) -> int:
     """Clean-solution SFT on top of the warm-up (lowers entropy, raises accuracy)."""
     return _train_phase(model, tokenizer, recipe.alignment, data_seed=seed + ALIGNMENT_DATA_SEED_OFFSET,

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+from transformers import (AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 from transformers.utils import logging as hf_logging
 
 
@@ -50,12 +51,35 @@ def qwen3_config(shape: ModelShape, tokenizer: PreTrainedTokenizerBase) -> Qwen3
     )
 
 
-def build_model(shape: ModelShape, tokenizer: PreTrainedTokenizerBase, *, seed: int) -> Qwen3ForCausalLM:
-    """A freshly initialised float32 Qwen3; the same seed gives the same weights."""
+@dataclass(frozen=True)
+class ExpertsShape:
+    """The mixture-of-experts layers of the MoE testbed: every layer's MLP becomes `experts` experts of FFN size
+    `ffn_size`, `per_token` of them chosen per token, their top-k weights renormalised (Qwen3-MoE's
+    norm_topk_prob, as Qwen3-30B-A3B)."""
+
+    experts: int = 8
+    per_token: int = 2
+    ffn_size: int = 96
+
+
+def qwen3_moe_config(shape: ModelShape, experts: ExpertsShape, tokenizer: PreTrainedTokenizerBase) -> Qwen3MoeConfig:
+    """A Qwen3-MoE config: `shape`'s attention and sizes, `experts`' MoE layers."""
+    dense = qwen3_config(shape, tokenizer).to_dict()
+    keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "max_position_embeddings", "tie_word_embeddings", "pad_token_id", "eos_token_id", "bos_token_id")
+    return Qwen3MoeConfig(**{key: dense[key] for key in keep}, intermediate_size=shape.ffn_size,
+                          num_experts=experts.experts, num_experts_per_tok=experts.per_token,
+                          moe_intermediate_size=experts.ffn_size, norm_topk_prob=True, decoder_sparse_step=1)
+
+
+def build_model(shape: ModelShape, tokenizer: PreTrainedTokenizerBase, *, seed: int,
+                experts: ExpertsShape | None = None) -> PreTrainedModel:
+    """A freshly initialised float32 Qwen3 (Qwen3-MoE with `experts`); the same seed gives the same weights."""
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = Qwen3ForCausalLM(qwen3_config(shape, tokenizer))
+        model = (Qwen3ForCausalLM(qwen3_config(shape, tokenizer)) if experts is None
+                 else Qwen3MoeForCausalLM(qwen3_moe_config(shape, experts, tokenizer)))
     finally:
         # The caller's global RNG stream is not ours to move.
         torch.random.set_rng_state(generator_state)
@@ -83,13 +107,13 @@ def quiet_transformers_bars():
             hf_logging.enable_progress_bar()
 
 
-def load_model_dir(path: Path) -> Qwen3ForCausalLM:
+def load_model_dir(path: Path) -> PreTrainedModel:
     """A built testbed's float32 model."""
     with quiet_transformers_bars():
-        return Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
-def save_model_dir(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
     """Write weights, config, generation config and tokenizer into `path` (Hugging Face layout)."""
     with quiet_transformers_bars():
         model.save_pretrained(path, safe_serialization=True)

@@ -8,9 +8,13 @@
     aligned  base plus a short SFT on clean solutions: lower entropy and higher accuracy, like an
              instruct model (it reuses the cached base when the base part of its recipe matches)
     micro    a ~20 k parameter model trained for a few steps: builds in seconds, for tests only
+    moe      base's recipe with every MLP a mixture of 8 experts (2 per token, renormalised): a tiny Qwen3-MoE for
+             Routing Replay and the MiniRL stability study on CPU
 
 A recipe is a frozen dataclass tree; every field and `CODE_VERSION` feed the hash, so any change to a
-recipe (or a bump of the version after a change in the build code) builds a new folder.
+recipe (or a bump of the version after a change in the build code) builds a new folder. A field added after
+recipes were cached, whose default is None (`experts`), enters the hash only when set, so existing folders keep
+their names.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from literl.testbed.model import ModelShape
+from literl.testbed.model import ExpertsShape, ModelShape
 from literl.testbed.warmup import SFTPhase
 
 CODE_VERSION = "1"
@@ -75,9 +79,14 @@ class TestbedRecipe:
     measure: MeasureSettings = MeasureSettings()
     num_threads: int = 2
     """torch CPU threads during the build: results are bitwise reproducible only at a fixed count."""
+    experts: ExpertsShape | None = None
+    """Mixture-of-experts MLPs (a Qwen3-MoE); None: the dense Qwen3."""
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if out["experts"] is None:
+            del out["experts"]
+        return out
 
     def recipe_hash(self) -> str:
         """12 hex digits of a SHA-256 over every field and CODE_VERSION."""
@@ -119,7 +128,9 @@ MICRO = TestbedRecipe(
     num_threads=1,   # a model this small gains nothing from a second thread, and loses a lot on a busy CPU
 )
 
-VARIANTS: dict[str, TestbedRecipe] = {r.variant: r for r in (BASE, ALIGNED, MICRO)}
+MOE = dataclasses.replace(BASE, variant="moe", experts=ExpertsShape())
+
+VARIANTS: dict[str, TestbedRecipe] = {r.variant: r for r in (BASE, ALIGNED, MICRO, MOE)}
 
 
 def recipe_for(variant: str) -> TestbedRecipe:

@@ -321,11 +321,11 @@ def test_static_decoder_keeps_slots_in_any_order():
     g = torch.Generator().manual_seed(11)
     tokens = [torch.randint(3, 40, (len(prompts),), generator=g) for _ in range(4)]
     full, kept = (StaticKVDecoder(model, prefill(model, prepared)[1], prepared, max_new_tokens=5) for _ in range(2))
-    slots_K = torch.tensor([7, 1, 0, 5, 3])
+    kept_R = torch.tensor([7, 1, 0, 5, 3])
     for t, token_B in enumerate(tokens):
         full_BV = full.step(token_B)
         if t == 2:
-            kept.keep(slots_K)
-        kept_KV = kept.step(token_B if t < 2 else token_B[slots_K])
-        expected = full_BV if t < 2 else full_BV[slots_K]
-        torch.testing.assert_close(kept_KV, expected, rtol=0, atol=1e-5)
+            kept.keep(kept_R)
+        kept_RV = kept.step(token_B if t < 2 else token_B[kept_R])
+        expected = full_BV if t < 2 else full_BV[kept_R]
+        torch.testing.assert_close(kept_RV, expected, rtol=0, atol=1e-5)
