@@ -2,8 +2,8 @@
 against the same step in one process (cluster.address=null).
 
 Workload (benchmarks/workload.py): the benchmark Qwen3 (random weights, hidden 256, 4 layers, 3.2 M parameters,
-fp32), 8 testbed prompts × 8 samples = 64 responses of up to 64 new tokens (a random model rarely stops early, so
-nearly every response is 64 tokens), the digit-fraction reward, the grpo preset with token-mean aggregation, one
+fp32), 8 testbed prompts × 8 samples = 64 responses of up to 64 new tokens (about 48 on average), the
+digit-fraction reward, the grpo preset with token-mean aggregation, one
 on-policy AdamW step per batch. Each configuration runs `--steps` steps after one warm-up step in its own local
 Ray cluster; every process (each Ray actor, the single-process run) uses 1 torch thread: on a shared 2-core machine
 two OpenMP threads per process spin-wait on each other when the OS deschedules one (measured: 26 s per step in
