@@ -29,8 +29,11 @@ from literl.rollout.collector import Collector, PromptStream
 from literl.rollout.generator import SamplingParams
 from literl.registry import ConfigError
 from literl.rollout.hf_engine import HFEngine
+from literl.run_lock import LOCK_NAME, DirectoryLock
+from literl.training.checkpoint import checkpoint_candidates, remove_stale_temporaries
 from literl.training.console import Console
 from literl.evaluation.periodic import build_evaluator
+from literl.training.limits import check_max_new_tokens, check_rollout_memory, fit_prompts_to_context, max_positions
 from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
 from literl.training.learner import InProcessLearner
@@ -60,11 +63,14 @@ class RunComponents:
     console: Console
     diagnostics: MechanismDiagnostics
     started: float = field(default_factory=time.perf_counter)
+    lock: DirectoryLock | None = None       # held from build_components until the run ends (one writer per run)
 
-    def finish(self, eval_results: dict) -> None:
-        """Write the run's summary and diagnostics, print the before/after table."""
+    def finish(self, eval_results: dict, steps: int | None = None) -> None:
+        """Write the run's summary and diagnostics, print the before/after table. `steps`: the steps the final
+        model was trained for (a resume with trainer.steps below its checkpoint keeps the checkpoint's)."""
         wall = time.perf_counter() - self.started
-        summary = {"run_dir": str(self.run_dir), "steps": self.cfg.trainer.steps, "wall_seconds": wall,
+        steps = self.cfg.trainer.steps if steps is None else steps
+        summary = {"run_dir": str(self.run_dir), "steps": steps, "wall_seconds": wall,
                    "preset": self.cfg.preset, "seed": self.cfg.seed, "eval": eval_results}
         write_json_atomic(self.run_dir / "summary.json", summary)
         self.diagnostics.write(self.run_dir / "diagnostics.json")
@@ -72,6 +78,11 @@ class RunComponents:
         if hasattr(self.engine, "close"):      # an engine in its own process (rollout.engine=vllm)
             self.engine.close()
         self.console.summary(self.run_dir, eval_results, wall)
+
+    def release(self) -> None:
+        """Let another process write to the run directory (called when the run ends, however it ends)."""
+        if self.lock is not None:
+            self.lock.release()
 
 
 def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None, tokenizer=None,
@@ -87,12 +98,22 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     device = _device(cfg.trainer.device)
     if cfg.trainer.retain_host_memory and device.type == "cpu":
         retain_freed_host_memory()
-    run_dir = _check_run_dir(cfg, console)
+    run_dir, lock, created = _claim_run_dir(cfg, console)
+    try:
+        return _assemble(cfg, objective, run_dir, lock, device, console, model=model, tokenizer=tokenizer,
+                         problems=problems, reward_fns=reward_fns)
+    except BaseException:
+        _give_up_run_dir(run_dir, lock, created)
+        raise
+
+
+def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryLock, device: torch.device,
+              console: Console, *, model, tokenizer, problems, reward_fns) -> RunComponents:
     if cfg.cluster.address is not None:
         from literl.distributed import connect
 
         connect(cfg.cluster)        # Ray missing or a cluster out of reach fails here, before anything slow loads
-
+    _check_reference_path(cfg)
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
     policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
     if cfg.trainer.compile and not capabilities(policy).layers:
@@ -100,6 +121,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
                      "layer-by-layer forward, which runs Llama/Qwen-style decoders only")
     data = training_problems(cfg, problems=problems, testbed=is_testbed)
     template = "raw" if data.is_testbed else cfg.data.template
+    _check_sizes(cfg, data, policy, tokenizer, template, device, console)
     pad_id = pad_token_id(tokenizer)
     policy_forward = PolicyForward(policy, temperature=cfg.rollout.temperature, compile=cfg.trainer.compile,
                                    record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
@@ -131,7 +153,8 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    rewards = RewardSet(_reward_specs(cfg, reward_fns), timeout_s=cfg.reward.timeout_s)
+    rewards = RewardSet(_reward_specs(cfg, reward_fns), timeout_s=cfg.reward.timeout_s,
+                        step_timeout_s=cfg.reward.step_timeout_s)
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
     collector = Collector(
@@ -166,7 +189,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
                          tokenizer=tokenizer, reference=reference, engine=engine, learner=learner, objective=objective,
                          collector=collector,
                          optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
-                         diagnostics=diagnostics)
+                         diagnostics=diagnostics, lock=lock)
 
 
 def _quiet_hugging_face() -> None:
@@ -200,23 +223,88 @@ def _device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
-def _check_run_dir(cfg: Config, console: Console) -> Path:
-    """The run directory; refuses one that holds a run unless resuming (before anything slow loads)."""
+def _claim_run_dir(cfg: Config, console: Console) -> tuple[Path, DirectoryLock, bool]:
+    """The run directory, locked for this process (one writer per run) and checked (before anything slow loads);
+    also whether this call created it."""
     if cfg.trainer.output_dir:
         run_dir = Path(cfg.trainer.output_dir)
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path("runs") / f"{cfg.preset or 'custom'}-{stamp}"
+    created = not run_dir.exists()
+    lock = DirectoryLock(run_dir).acquire()
+    try:
+        _check_run_dir(run_dir, cfg, console)
+        removed = remove_stale_temporaries(run_dir)     # under the lock: no other process is writing them
+    except BaseException:
+        _give_up_run_dir(run_dir, lock, created)
+        raise
+    if removed:
+        console.note(f"removed {len(removed)} unfinished temporary file(s) left by an interrupted save: "
+                     + ", ".join(str(p.relative_to(run_dir)) for p in removed[:3]) + (" …" if len(removed) > 3 else ""))
+    return run_dir, lock, created
+
+
+def _give_up_run_dir(run_dir: Path, lock: DirectoryLock, created: bool) -> None:
+    """A start that failed leaves the directory as it found it (a directory it created is removed when empty)."""
+    lock.release()
+    if created:
+        try:
+            (run_dir / LOCK_NAME).unlink(missing_ok=True)
+            run_dir.rmdir()
+        except OSError:
+            pass        # something else was written there: keep it
+
+
+def _check_run_dir(run_dir: Path, cfg: Config, console: Console) -> None:
+    """Refuse a directory that holds a run unless resuming, and a resume that would redo a finished run."""
     config_path = run_dir / "config.yaml"
     # A lone config.yaml is what a start that failed while loading left behind (before it was written last).
-    if run_dir.exists() and any(entry.name != "config.yaml" for entry in run_dir.iterdir()):
+    if run_dir.exists() and any(entry.name not in ("config.yaml", LOCK_NAME) for entry in run_dir.iterdir()):
         if not cfg.trainer.resume:
             raise FileExistsError(
                 f"run directory {run_dir} already holds a run. Continue it with trainer.resume=true, or choose "
                 f"another trainer.output_dir (nothing there was changed).")
+        finished = [name for name in ("summary.json", "final") if (run_dir / name).exists()]
+        if finished and not checkpoint_candidates(run_dir):
+            raise FileExistsError(
+                f"run directory {run_dir} holds a finished run ({' and '.join(finished)}) whose checkpoints were "
+                "deleted, so it cannot be continued: resuming would retrain from step 0 and overwrite final/. "
+                "Start a new run in another trainer.output_dir (nothing there was changed).")
         if config_path.exists():
-            _warn_config_changes(from_yaml_file(config_path), cfg, console)
-    return run_dir
+            try:
+                saved = from_yaml_file(config_path)
+            except ConfigError as err:
+                console.note(f"not comparing with the saved config: {err}")
+            else:
+                _warn_config_changes(saved, cfg, console)
+
+
+def _check_sizes(cfg: Config, data, policy, tokenizer, template: str, device, console: Console) -> None:
+    """Prompts that cannot fit the model's context are dropped from `data` (or refused); sizes that cannot fit
+    the model or the memory at all are refused (literl/training/limits.py)."""
+    from literl.data.prompts import render_prompt
+
+    check_max_new_tokens(cfg, policy)
+    kept, overlong = fit_prompts_to_context(
+        data.problems, lambda i: render_prompt(str(data.problems[i]["problem"]), tokenizer, template), policy,
+        max_new_tokens=cfg.rollout.max_new_tokens, overhead=len(render_prompt("x", tokenizer, template)),
+        on_overlong=cfg.data.overlong_prompts)
+    if overlong:
+        console.note(f"WARNING: skipped {len(overlong)} of {len(data.problems)} training problems whose prompt + "
+                     f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} exceeds the model's {max_positions(policy)} "
+                     f"positions (first: row {overlong[0]}); data.overlong_prompts=error refuses them instead")
+        data.problems = kept
+    check_rollout_memory(cfg, policy, device)
+
+
+def _check_reference_path(cfg: Config) -> None:
+    """A local model.reference that does not exist fails here with its key, not deep inside transformers."""
+    ref = cfg.model.reference
+    looks_local = ref and (ref.startswith(("/", ".", "~")) or ref.count("/") != 1)
+    if looks_local and not Path(ref).expanduser().is_dir():
+        raise FileNotFoundError(f"model.reference={ref} is not a directory; point it at a model saved with "
+                                "save_pretrained, or leave it unset for a frozen copy of the starting policy")
 
 
 def _write_run_config(run_dir: Path, cfg: Config) -> None:

@@ -59,6 +59,8 @@ class DataConfig:
     difficulty: str = knob("mixed", "testbed training tier: easy | medium | hard | mixed")
     size: int = knob(20000, "testbed training problems to generate")
     limit: int | None = knob(None, "use only the first N training problems (N >= 1); null: all of them")
+    overlong_prompts: str = knob("skip", "problems whose prompt + rollout.max_new_tokens exceeds the model's "
+                                         "positions: skip (with a counted warning) | error")
 
 
 @dataclass
@@ -118,6 +120,9 @@ class RewardConfig:
     fns: list[RewardFnSpec] = knob(help="reward functions, summed with weights; the first one decides "
                                         "accuracy (output >= 0.5)", factory=lambda: [RewardFnSpec()])
     timeout_s: float = knob(5.0, "wall-clock bound per reward check; a check that runs over scores 0")
+    step_timeout_s: float = knob(120.0, "wall-clock budget for all reward checks of one step; once spent, the "
+                                        "remaining slow checks score 0 and count as timeouts (a collapsed policy "
+                                        "repeating hostile answers cannot stall a step for minutes)")
 
 
 @dataclass
@@ -184,7 +189,12 @@ class TrainerConfig:
                                           "unit; exactness does not depend on it)")
     output_dir: str | None = knob(None, "run directory; null: runs/<preset>-<timestamp>")
     resume: bool = knob(False, "continue the run in output_dir from its last checkpoint")
-    save_every: int = knob(0, "checkpoint every N steps (0: only at the end and on Ctrl-C)")
+    save_every: int = knob(0, "checkpoint every N steps (0: by time only, see save_every_minutes; a checkpoint is "
+                              "also written at the end, on Ctrl-C/SIGTERM and, best effort, when the loop fails)")
+    save_every_minutes: float = knob(30.0, "checkpoint when this many minutes have passed since the last one "
+                                           "(0: off); bounds the work a crash can lose")
+    max_non_finite_steps: int = knob(3, "optimizer steps with a NaN/inf loss or gradient are skipped; this many "
+                                        "in a row stop the run with an error (0: never stop)")
     keep_checkpoints: int = knob(2, "how many recent checkpoints to keep (0: keep all)")
     log_samples: int = knob(4, "sample responses written to samples.jsonl per step")
     trackers: list[str] = knob(help="extra metric sinks: tensorboard, wandb", factory=list)

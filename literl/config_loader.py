@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from yaml import YAMLError
 
 from literl.config import Config, TrickSpec
 from literl.config_rules import MULTI_TRICKS, SINGLE_TRICKS, validate
@@ -371,9 +372,16 @@ def to_yaml(cfg: Config) -> str:
 
 
 def from_yaml_file(path: str | Path) -> Config:
-    """Read a saved (resolved) config back, e.g. a run directory's config.yaml."""
-    node = OmegaConf.merge(OmegaConf.structured(Config()), OmegaConf.load(path))
-    return OmegaConf.to_object(node)
+    """Read a saved (resolved) config back, e.g. a run directory's config.yaml; ConfigError names the file."""
+    try:
+        loaded = OmegaConf.load(path)
+        if not OmegaConf.is_dict(loaded):
+            raise ConfigError(f"it holds {_kind(OmegaConf.to_container(loaded) if loaded is not None else None)}, "
+                              "not a map of config sections")
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config()), loaded))
+    except (OSError, ValueError, YAMLError, OmegaConfBaseException) as err:
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"{path} is not a readable literl config ({detail})") from None
 
 
 # ---------------------------------------------------------------------------------------------- explain
@@ -406,7 +414,8 @@ def explain() -> str:
         for name in registry.names():
             params = ", ".join(f"{k}={v!r}" for k, v in registry.params_of(name).items())
             doc = (registry.get(name).__doc__ or "").strip().splitlines()[0]
-            lines.append(f"    {name}({params})  — {doc}")
+            ranges = "; ".join(f"{k} {v}" for k, v in registry.ranges_of(name).items())
+            lines.append(f"    {name}({params})  — {doc}" + (f"\n      valid: {ranges}" if ranges else ""))
     return "\n".join(lines)
 
 

@@ -9,6 +9,8 @@ model loads, and by `literl config` / `literl ablate` for the configs they check
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import warnings
 
 from literl.config import Config
@@ -31,6 +33,7 @@ CHOICES = {
     "data.difficulty": ("easy", "medium", "hard", "mixed"),
     "model.testbed": ("base", "aligned", "micro", "moe"),
     "algorithm.aggregation_normaliser": ("global", "local"),
+    "data.overlong_prompts": ("skip", "error"),
 }
 
 
@@ -56,18 +59,36 @@ def _check_vllm(r) -> None:
            f"rollout.vllm.max_model_len={v.max_model_len} must be >= 2, or null for the model's own")
     _check(v.start_timeout_s > 0, f"rollout.vllm.start_timeout_s={v.start_timeout_s} must be > 0")
 
+def _check_finite(node, prefix: str = "") -> None:
+    """NaN or ±inf in any setting (optim.lr=inf, rescale.low=nan) would poison every weight: refuse it at load."""
+    if dataclasses.is_dataclass(node):
+        items = [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)]
+    elif isinstance(node, dict):
+        items = list(node.items())
+    elif isinstance(node, (list, tuple)):
+        items = list(enumerate(node))
+    else:
+        if isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(f"{prefix}={node} is not a finite number; give a finite value (for no limit, "
+                              f"leave the key unset or use its documented 'off' value)")
+        return
+    for key, value in items:
+        _check_finite(value, f"{prefix}.{key}" if prefix else str(key))
+
 
 def validate(cfg: Config) -> None:
     """Every rule about which values and tricks work together, in one function."""
     from literl.tricks import ALL
 
+    _check_finite(cfg)
     algo = cfg.algorithm
+    context = {"max_new_tokens": cfg.rollout.max_new_tokens}    # what Objective.from_config fills in
     for field_name, axis in SINGLE_TRICKS.items():
         spec = getattr(algo, field_name)
-        ALL[axis].check(spec.name, spec.params, where=f"algorithm.{field_name}")
+        ALL[axis].check(spec.name, spec.params, where=f"algorithm.{field_name}", context=context)
     for field_name, axis in MULTI_TRICKS.items():
         for name, params in getattr(algo, field_name).items():
-            ALL[axis].check(name, params or {}, where=f"algorithm.{field_name}.{name}")
+            ALL[axis].check(name, params or {}, where=f"algorithm.{field_name}.{name}", context=context)
     for key, valid in CHOICES.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
@@ -103,8 +124,11 @@ def validate(cfg: Config) -> None:
     _check(algo.router_aux_loss_coef >= 0, f"algorithm.router_aux_loss_coef={algo.router_aux_loss_coef} must be >= 0 "
                                            "(0 turns the MoE load-balancing loss off)")
     _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1, or null for all cores")
-    _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0: save only at the end and on "
-                              "Ctrl-C)")
+    _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0: save by time only, "
+                              "trainer.save_every_minutes)")
+    _check(t.save_every_minutes >= 0, f"trainer.save_every_minutes={t.save_every_minutes} must be >= 0 (0: off)")
+    _check(t.max_non_finite_steps >= 0, f"trainer.max_non_finite_steps={t.max_non_finite_steps} must be >= 0 "
+                                        "(0: never stop on non-finite steps)")
     _check(t.keep_checkpoints >= 0, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 0 (0: keep all)")
     _check(t.log_samples >= 0, f"trainer.log_samples={t.log_samples} must be >= 0")
     _check(r.max_rounds >= 1, "rollout.max_rounds must be >= 1 (1 = no resampling)")
@@ -116,6 +140,9 @@ def validate(cfg: Config) -> None:
     _check(t.replay_max_gib >= 0, f"trainer.replay_max_gib={t.replay_max_gib} must be >= 0 (0 turns replay off)")
     _check(ev.samples >= 1, "eval.samples must be >= 1")
     _check(cfg.reward.timeout_s > 0, "reward.timeout_s must be > 0")
+    _check(cfg.reward.step_timeout_s >= cfg.reward.timeout_s,
+           f"reward.step_timeout_s={cfg.reward.step_timeout_s} must be >= reward.timeout_s={cfg.reward.timeout_s} "
+           "(the step's budget holds at least one full check)")
     _check(len(cfg.reward.fns) >= 1, "reward.fns needs at least one function (the first decides accuracy)")
     for fn in cfg.reward.fns:
         _check(":" in fn.fn, f"reward fn '{fn.fn}' must be an import path 'package.module:function'")

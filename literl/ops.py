@@ -118,7 +118,11 @@ def group_mean_std(values_B: torch.Tensor, group_B: torch.Tensor, valid_B: torch
 
     std is the unbiased (N-1) estimate by default, as torch.std in verl/TRL/ROLL; a group with fewer
     than 2 valid members gets std 0 (never NaN). Invalid entries (e.g. NaN rewards) are excluded.
+    Computed in float64 and returned in the input's dtype: float32 squares overflow from |x| ≈ 2e19 on, which
+    would make the std inf and every advantage 0.
     """
+    dtype = values_B.dtype
+    values_B = values_B.double() if values_B.is_floating_point() else values_B
     if valid_B is None:
         valid_B = torch.ones_like(values_B, dtype=torch.bool)
     s, n = group_sum(values_B, group_B, valid_B)
@@ -126,12 +130,21 @@ def group_mean_std(values_B: torch.Tensor, group_B: torch.Tensor, valid_B: torch
     sq, _ = group_sum((values_B - mean) ** 2, group_B, valid_B)
     dof = (n - 1) if unbiased else n
     var = torch.where(dof > 0, sq / dof.clamp(min=1), torch.zeros_like(sq))
-    return mean, var.clamp(min=0).sqrt(), n
+    return mean.to(dtype), var.clamp(min=0).sqrt().to(dtype), n.to(dtype)
 
 
 def batch_mean_std(values: torch.Tensor, valid: torch.Tensor, *, unbiased: bool = True,
                    weights: torch.Tensor | None = None):
-    """(mean, std) over valid entries, optionally weighted (e.g. by token counts); std 0 if < 2 entries."""
+    """(mean, std) over valid entries, optionally weighted (e.g. by token counts); std 0 if < 2 entries.
+    Computed in float64, returned in the input's dtype (see `group_mean_std`)."""
+    dtype = values.dtype
+    values = values.double()
+    weights = None if weights is None else weights.double()
+    mean, std = _batch_mean_std(values, valid, unbiased, weights)
+    return mean.to(dtype), std.to(dtype)
+
+
+def _batch_mean_std(values, valid, unbiased, weights):
     w = valid.to(values.dtype) if weights is None else torch.where(valid, weights, torch.zeros_like(weights))
     total = w.sum()
     x = torch.where(valid, values, torch.zeros_like(values))

@@ -8,6 +8,15 @@ checks a config's params against the signature when the config loads, so a typo 
 Some parameters describe the run rather than the trick (the Dr.GRPO constant is "the max generation
 length"). Such a parameter may default to `None` and name a *context* key (`max_new_tokens`); `build`
 fills it from the context when the config leaves it unset.
+
+Valid ranges are declared next to the function, in its `register` call, and checked with the names when a
+config loads (`literl config --explain` shows them):
+
+    @REWARD_SHAPING.register(ranges={"low": "< high"})
+    @POLICY_LOSSES.register(ranges={"eps_low": ">= 0 and <= 1", "dual_clip": "> 1"})
+
+A range is clauses `OP OPERAND` joined by `and`; OP is one of < <= > >=, OPERAND a number or another parameter
+of the same function. A parameter left at None (off) is not checked, nor a clause whose operand is None.
 """
 
 from __future__ import annotations
@@ -15,7 +24,13 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
+import operator
 from typing import Any, Callable, Iterator
+
+# Where the run's context values come from, for messages about a parameter filled from the context.
+CONTEXT_SOURCES = {"max_new_tokens": "rollout.max_new_tokens"}
+_COMPARISONS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
 class ConfigError(ValueError):
@@ -28,13 +43,27 @@ class Registry:
     def __init__(self, axis: str):
         self.axis = axis
         self._entries: dict[str, Callable] = {}
+        self._ranges: dict[str, dict[str, list[tuple[str, float | str]]]] = {}
 
-    def register(self, fn: Callable) -> Callable:
+    def register(self, fn: Callable | None = None, *, ranges: dict[str, str] | None = None):
+        """Register `fn` under its own name (usable bare, `@R.register`, or `@R.register(ranges={...})`)."""
+        if fn is None:
+            return functools.partial(self.register, ranges=ranges)
         name = fn.__name__
         if name in self._entries:
             raise ValueError(f"{self.axis}: '{name}' is registered twice")
         self._entries[name] = fn
+        params = self.params_of(name)
+        self._ranges[name] = {param: _parse_range(text, f"{self.axis}.{name}", param, params)
+                              for param, text in (ranges or {}).items()}
         return fn
+
+    def ranges_of(self, name: str) -> dict[str, str]:
+        """The declared valid range of each parameter, as text (`{"low": "< high"}`)."""
+        self.get(name)
+        return {param: " and ".join(f"{op} {operand if isinstance(operand, str) else format(operand, 'g')}"
+                                    for op, operand in clauses)
+                for param, clauses in self._ranges[name].items()}
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -59,8 +88,10 @@ class Registry:
             if p.kind is inspect.Parameter.KEYWORD_ONLY
         }
 
-    def check(self, name: str, params: dict[str, Any] | None, *, where: str = "") -> None:
-        """Raise ConfigError if `name` is unknown or `params` holds a key the function does not take."""
+    def check(self, name: str, params: dict[str, Any] | None, *, where: str = "",
+              context: dict[str, Any] | None = None) -> None:
+        """Raise ConfigError if `name` is unknown, `params` holds a key the function does not take, or a value
+        lies outside its declared range (unset params named in `context` are checked with the context's value)."""
         valid = self.params_of(name)
         unknown = sorted(set(params or {}) - set(valid))
         if unknown:
@@ -73,11 +104,40 @@ class Registry:
                 f"{where or self.axis}: '{name}' has no parameter {', '.join(repr(u) for u in unknown)}.{hint} "
                 f"Valid parameters of {self.axis}.{name}: {listing}."
             )
+        self._check_ranges(name, params or {}, where or f"{self.axis}.{name}", context or {})
+
+    def _check_ranges(self, name: str, params: dict[str, Any], where: str, context: dict[str, Any]) -> None:
+        values = dict(self.params_of(name))
+        values.update(params)
+        from_context = {k for k, v in values.items() if v is None and k in context and k not in params}
+        values.update({k: context[k] for k in from_context})
+
+        def shown(param: str) -> str:
+            source = CONTEXT_SOURCES.get(param, f"the run's {param}")
+            origin = f" (unset, so taken from {source})" if param in from_context else ""
+            return f"{param}={values[param]!r}{origin}"
+
+        for param, clauses in self._ranges[name].items():
+            value = values.get(param)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{where}: {param} must be a number, got {type(value).__name__} {value!r}")
+            if not math.isfinite(value):
+                raise ConfigError(f"{where}: {param}={value} must be a finite number")
+            for op, operand in clauses:
+                bound = values.get(operand) if isinstance(operand, str) else operand
+                if bound is None or isinstance(bound, bool) or not isinstance(bound, (int, float)):
+                    continue    # a relation to an unset (or malformed, reported on its own) parameter
+                if not _COMPARISONS[op](value, bound):
+                    against = shown(operand) if isinstance(operand, str) else f"{bound:g}"
+                    raise ConfigError(f"{where}: {shown(param)} must be {op} {against} (valid range of "
+                                      f"{self.axis}.{name}.{param}: {self.ranges_of(name)[param]})")
 
     def build(self, name: str, params: dict[str, Any] | None = None, *, where: str = "",
               context: dict[str, Any] | None = None) -> Callable:
         """Return `fn` with its configured params bound; unset `None` params named in `context` are filled."""
-        self.check(name, params, where=where)
+        self.check(name, params, where=where, context=context)
         fn = self.get(name)
         bound = dict(params or {})
         for key, default in self.params_of(name).items():
@@ -91,3 +151,23 @@ class Registry:
         close = difflib.get_close_matches(str(name), self.names(), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
         return f"unknown {self.axis} '{name}'.{hint} Valid names: {', '.join(self.names())}."
+
+
+def _parse_range(text: str, owner: str, param: str, params: dict[str, Any]) -> list[tuple[str, float | str]]:
+    """'>= 0 and < high' -> [('>=', 0.0), ('<', 'high')]; a typo fails when the trick module is imported."""
+    if param not in params:
+        raise ValueError(f"{owner}: a range is declared for '{param}', which is not a keyword parameter")
+    clauses = []
+    for clause in text.split(" and "):
+        op, _, operand = clause.strip().partition(" ")
+        operand = operand.strip()
+        if op not in _COMPARISONS or not operand:
+            raise ValueError(f"{owner}.{param}: bad range clause {clause!r} (want e.g. '>= 0' or '< high')")
+        if operand in params:
+            clauses.append((op, operand))
+            continue
+        try:
+            clauses.append((op, float(operand)))
+        except ValueError:
+            raise ValueError(f"{owner}.{param}: range operand {operand!r} is neither a number nor a parameter")
+    return clauses

@@ -36,12 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from literl.arena import ablation
-    from literl.arena.runner import run_ablation, threads_per_run
+    from literl.arena.runner import threads_per_run
     from literl.arena.spec import check_configs, load_spec
-    from literl.arena.summary import print_summary
     from literl.registry import ConfigError
+    from literl.run_lock import DirectoryBusy, DirectoryLock
     from rich.console import Console
-    from rich.markup import escape
 
     if args.list:
         return _list_specs()
@@ -59,6 +58,26 @@ def run(args: argparse.Namespace) -> int:
         steps = check_configs(spec, out_dir)
         if args.dry_run:
             return _print_plan(runs, threads_per_run(args.jobs, args.threads))
+        # One ablation per folder: a second one would relaunch the same runs, each clearing the other's.
+        lock = DirectoryLock(out_dir, what="ablation folder").acquire()
+    except (ConfigError, DirectoryBusy) as err:
+        print(f"literl ablate: {err}", file=sys.stderr)
+        return 2
+    try:
+        return _run_locked(args, spec, out_dir, runs, steps, console)
+    finally:
+        lock.release()
+
+
+def _run_locked(args, spec, out_dir: Path, runs, steps, console) -> int:
+    from literl.arena import ablation
+    from literl.arena.runner import run_ablation, threads_per_run
+    from literl.arena.summary import print_summary
+    from literl.registry import ConfigError
+    from rich.console import Console
+    from rich.markup import escape
+
+    try:
         ablation.record_plan(out_dir, spec, runs)
     except ConfigError as err:
         print(f"literl ablate: {err}", file=sys.stderr)

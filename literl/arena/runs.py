@@ -7,6 +7,7 @@ runs given to `literl report` are labelled by their directory name. Nothing here
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,17 +23,20 @@ def is_finished(run_dir: str | Path) -> bool:
 
 
 def checkpoint_step(run_dir: Path) -> int | None:
-    """The step of the newest complete checkpoint (`checkpoints/latest` names it), or None."""
-    pointer = run_dir / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    name = pointer.read_text().strip()
-    if not (run_dir / "checkpoints" / name).is_dir():
-        return None
-    try:
-        return int(name.rsplit("_", 1)[-1])
-    except ValueError:
-        return None
+    """The step of the newest complete checkpoint (`checkpoints/latest` names it), or None.
+
+    As for the trainer's resume (literl/training/checkpoint.py), `latest` counts only when it names a step_<n>
+    folder of the run; otherwise the newest such folder does (a damaged pointer must not make the runner
+    think the run has no checkpoint and clear it).
+    """
+    root = run_dir / "checkpoints"
+    pointer = root / "latest"
+    name = pointer.read_bytes().decode("utf-8", errors="replace").strip() if pointer.is_file() else ""
+    if re.fullmatch(r"step_\d+", name) and (root / name).is_dir():
+        return int(name[len("step_"):])
+    steps = [int(p.name[len("step_"):]) for p in root.glob("step_*")
+             if re.fullmatch(r"step_\d+", p.name) and p.is_dir()] if root.is_dir() else []
+    return max(steps, default=None)
 
 
 def is_run_directory(path: str | Path) -> bool:

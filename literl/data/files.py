@@ -36,8 +36,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            line = _decode(raw, path, number)
             if not line.strip():
                 continue
             try:
@@ -51,9 +52,24 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _read_json_list(path: Path) -> list[dict[str, Any]]:
+def _decode(raw: bytes, path: Path, number: int) -> str:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}, line {number}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column "
+                         f"{exc.start + 1}); save the file as UTF-8") from None
+
+
+def _read_json_list(path: Path) -> list[dict[str, Any]]:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as "
+                         "UTF-8") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
     if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):

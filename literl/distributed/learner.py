@@ -43,20 +43,27 @@ class RayLearner:
         reference_ref = ray.put(reference) if reference is not None else None
         self._call("setup", host, port, policy_ref, reference_ref)
         self._metrics: dict[str, Ratio] = {}
+        self._fresh = True          # the driver's copy holds the ranks' weights (no update since it was copied)
 
     # ------------------------------------------------------------------------------------------ the protocol
-    def update(self, train, observe=None) -> dict[str, float]:
+    def update(self, train, observe=None, on_step=None) -> dict[str, float]:
+        """The ranks' optimizer steps; `on_step` sees each step's outcome once they are all done (so a stop it
+        raises comes after the ranks took the update's later steps, if any)."""
         results = self._call("update", self.ray.put(train))
+        self._fresh = False
         total = MetricAccumulator()
         n_minibatches = len(results[0][0])
         for k in range(n_minibatches):
-            for accs, _, _ in results:
+            for accs, _, _, _ in results:
                 total.merge(accs[k])
             total.end_minibatch()
-        for _, _, forward_metrics in results:
+        for _, _, forward_metrics, _ in results:
             self._add_forward_metrics(forward_metrics)
         if observe is not None:
-            self._observe(train, [maps for _, maps, _ in results], observe)
+            self._observe(train, [maps for _, maps, _, _ in results], observe)
+        if on_step is not None:
+            for report in results[0][3]:
+                on_step(report)
         return total.result()
 
     def logprobs(self, batch) -> torch.Tensor:
@@ -74,19 +81,24 @@ class RayLearner:
         return RankWeights(self)
 
     def policy(self) -> torch.nn.Module:
-        """The driver's copy of the policy, refreshed with the ranks' weights (gathered whole by rank 0)."""
-        state = self._call("full_state")[0]
-        with torch.no_grad():
-            for name, param in self._policy.named_parameters():
-                param.copy_(state[name])
+        """The driver's copy of the policy, refreshed with the ranks' weights (gathered whole by rank 0) when an
+        update has changed them since the last call."""
+        if not self._fresh:
+            state = self._call("full_state")[0]
+            with torch.no_grad():
+                for name, param in self._policy.named_parameters():
+                    param.copy_(state[name])
+            self._fresh = True
         return self._policy
 
     def state_dict(self) -> dict:
         return self._call("optimizer_state")[0]
 
     def load_state_dict(self, state: dict) -> None:
+        """The ranks take the driver's copy's weights (a checkpoint's, loaded into `policy()`) and `state`."""
         weights = {name: param.detach().cpu() for name, param in self._policy.named_parameters()}
         self._call("load", self.ray.put(weights), self.ray.put(state))
+        self._fresh = True
 
     def shutdown(self) -> None:
         for rank in self.ranks:

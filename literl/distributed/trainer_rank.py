@@ -31,7 +31,7 @@ from literl.distributed.cluster import free_port, node_address
 from literl.metric_reduction import MetricAccumulator
 from literl.model import PolicyForward
 from literl.objective import Objective
-from literl.training.learner import clip_gradients, micro_step, to_device
+from literl.training.learner import clip_gradients, close_step, micro_step, to_device
 from literl.training.optim import build_optimizer
 
 TRAINER_TIMEOUT = timedelta(minutes=10)
@@ -93,11 +93,11 @@ class TrainerRank:
         self.policy.eval()
 
     # ------------------------------------------------------------------------------------------ the update
-    def update(self, train) -> tuple[list[MetricAccumulator], list[dict], dict]:
+    def update(self, train) -> tuple[list[MetricAccumulator], list[dict], dict, list]:
         """This rank's share of the rollout batch's optimizer steps: one metric accumulator per mini-batch (rank
         0's also holds the optim/* values, which every rank computes alike), the token maps of its micro-batches
-        in order, and the policy forward's counts."""
-        accs, token_maps = [], []
+        in order, the policy forward's counts, and each optimizer step's `StepReport`."""
+        accs, token_maps, reports = [], [], []
         self.policy.train()
         forward = self.unit
         for k, minibatch in enumerate(train.minibatches()):
@@ -106,30 +106,38 @@ class TrainerRank:
             micros = self.objective.micro_batches(minibatch, self.cfg.trainer.micro_batch_tokens)
             mine = micros[self.rank::self.world]
             rounds = math.ceil(len(micros) / self.world)
+            step_loss = torch.zeros((), device=self.device)
             for i in range(rounds):
                 last = i == rounds - 1
                 # Gradients are reduced once per optimizer step, after its last round.
                 self.unit.set_requires_gradient_sync(last)
                 self.unit.set_reshard_after_backward(last)
                 if i < len(mine):
-                    token_maps.append(micro_step(forward, self.objective, mine[i], self.device, acc, k))
+                    maps, loss = micro_step(forward, self.objective, mine[i], self.device, acc, k)
+                    token_maps.append(maps)
+                    step_loss = step_loss + loss
                 else:
                     idle = _zero_weight(micros[0])
                     logp_BT, entropy_BT, aux_loss = forward(idle)
                     self.objective.loss(logp_BT, to_device(idle, self.device), entropy_BT,
                                         aux_loss=aux_loss).loss.backward()
-            # Every rank sees the whole mini-batch, so each knows whether the step has any loss token.
-            skipped = int(minibatch.loss_mask_BT.sum()) == 0
-            grad_norm = 0.0 if skipped else clip_gradients(list(self.policy.parameters()), self.cfg.optim.max_grad_norm)
-            if self.rank == 0:
-                acc.add({"optim/grad_norm": grad_norm, "optim/lr": self.scheduler.get_last_lr()[0],
-                         "optim/skipped_step": float(skipped)})
-            if not skipped:
+            # Every rank sees the whole mini-batch (so each knows whether the step has any loss token) and, after
+            # these two collectives, the step's whole loss and gradient norm: all decide alike.
+            loss_tokens = int(minibatch.loss_mask_BT.sum())
+            dist.all_reduce(step_loss)
+            grad_norm = 0.0 if loss_tokens == 0 else clip_gradients(list(self.policy.parameters()),
+                                                                    self.cfg.optim.max_grad_norm)
+            report = close_step(acc if self.rank == 0 else MetricAccumulator(), loss_tokens=loss_tokens,
+                                step_loss=step_loss, grad_norm=grad_norm, lr=self.scheduler.get_last_lr()[0])
+            if report.non_finite:
+                self.optimizer.zero_grad(set_to_none=True)
+            if report.stepped:
                 self.optimizer.step()
                 self.scheduler.step()
             accs.append(acc)
+            reports.append(report)
         self.policy.eval()
-        return accs, token_maps, self._forward_metrics()
+        return accs, token_maps, self._forward_metrics(), reports
 
     def _forward_metrics(self) -> dict:
         # The policy forward's counts (MoE route agreement) as Ratios, so the driver adds the ranks' exactly.

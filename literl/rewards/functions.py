@@ -7,12 +7,15 @@ The default is `literl.rewards.math_answer:math_accuracy`.
     score_b   = Σ_i w_i · f_i(response_b, example_b)
     correct_b = f_1(response_b, example_b) ≥ 0.5          (the FIRST function decides accuracy)
 
-Robustness: a function that raises, returns a non-number, or runs past `timeout_s` scores 0 for that
-response; the event is counted in the metrics and warned about once per function and kind, and training
-goes on. To bound its time, an ordinary function runs in isolated worker processes that are killed at the
-deadline (`isolation.py`), at ~0.05 ms of overhead per call. A function that bounds its own time (marked
-with `@time_bounded`, like `math_accuracy`) is called in-process, takes the deadline as keyword
-`timeout_s`, and costs nothing extra: the testbed's integer answers are scored in microseconds.
+Robustness: a function that raises, returns a non-number (a string is not a number, even "1"), or runs past
+`timeout_s` scores 0 for that response; the event is counted in the metrics and warned about once per function
+and kind, and training goes on. All the checks of one `score` call (a step's responses) share a budget of
+`step_timeout_s`: once it is spent, the remaining slow checks are not run and score 0 as timeouts, so a
+collapsed policy repeating hostile answers cannot stall a step for minutes. To bound its time, an ordinary
+function runs in isolated worker processes that are killed at the deadline (`isolation.py`), at ~0.05 ms of
+overhead per call. A function that bounds its own time (marked with `@time_bounded`, like `math_accuracy`) is
+called in-process, takes the deadline as keyword `timeout_s`, and costs nothing extra: the testbed's integer
+answers are scored in microseconds.
 
 Metrics per function `<name>` (the function's name): `reward/<name>/mean`, `reward/<name>/timeouts`,
 `reward/<name>/errors` (counts in this batch).
@@ -23,6 +26,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -66,13 +70,16 @@ class RewardSet:
     """Weighted reward functions: `score(responses, examples) -> (scores_B, correct_B, metrics)`."""
 
     def __init__(self, fns: Sequence[tuple[str | Callable, float]], *, timeout_s: float = 5.0,
-                 n_workers: int | None = None):
+                 n_workers: int | None = None, step_timeout_s: float | None = None):
         if not fns:
             raise ValueError(f"RewardSet needs at least one (function path, weight) pair, e.g. "
                              f"[({DEFAULT_REWARD_FN!r}, 1.0)]")
         if timeout_s <= 0:
             raise ValueError(f"reward timeout_s must be > 0 (got {timeout_s})")
         self.timeout_s = float(timeout_s)
+        if step_timeout_s is not None and step_timeout_s <= 0:
+            raise ValueError(f"reward step_timeout_s must be > 0 or None (got {step_timeout_s})")
+        self.step_timeout_s = step_timeout_s
         self.entries = [self._entry(path, weight) for path, weight in fns]
         names = [e.name for e in self.entries]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -111,8 +118,9 @@ class RewardSet:
         scores_B = torch.zeros(len(responses), dtype=torch.float32)
         correct_B = torch.zeros(len(responses), dtype=torch.bool)
         metrics: dict[str, float] = {}
+        deadline = time.monotonic() + self.step_timeout_s if self.step_timeout_s else math.inf
         for position, entry in enumerate(self.entries):
-            values, timeouts, errors = self._values(entry, responses, examples)
+            values, timeouts, errors = self._values(entry, responses, examples, deadline)
             values_B = torch.tensor(values, dtype=torch.float32)
             scores_B += entry.weight * values_B
             if position == 0:
@@ -122,13 +130,13 @@ class RewardSet:
             metrics[f"reward/{entry.name}/errors"] = float(errors)
         return scores_B, correct_B, metrics
 
-    def _values(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict]
+    def _values(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict], deadline: float
                 ) -> tuple[list[float], int, int]:
         if entry.in_process:
-            return self._values_in_process(entry, responses, examples)
+            return self._values_in_process(entry, responses, examples, deadline)
         if self._runner is None:
             self._runner = IsolatedRunner(self.n_workers)
-        outcomes = self._runner.map(entry.path, list(zip(responses, examples)), self.timeout_s)
+        outcomes = self._runner.map(entry.path, list(zip(responses, examples)), self.timeout_s, deadline=deadline)
         values, timeouts, errors = [], 0, 0
         for outcome in outcomes:
             value, problem = _as_reward(outcome)
@@ -139,12 +147,15 @@ class RewardSet:
                 self._warn_once(entry, outcome.status if outcome.status == "timeout" else "error", problem)
         return values, timeouts, errors
 
-    def _values_in_process(self, entry: _Entry, responses, examples) -> tuple[list[float], int, int]:
+    def _values_in_process(self, entry: _Entry, responses, examples, deadline: float
+                           ) -> tuple[list[float], int, int]:
         counter = getattr(entry.fn, "timeout_counter", None)
         timeouts_before = counter() if counter else 0
-        kwargs = {"timeout_s": self.timeout_s} if getattr(entry.fn, "time_bounded", False) else {}
+        bounded = getattr(entry.fn, "time_bounded", False)
         values, errors = [], 0
         for response, example in zip(responses, examples):
+            # The per-check bound, or what is left of the step's budget (0: only the function's cheap checks).
+            kwargs = {"timeout_s": max(0.0, min(self.timeout_s, deadline - time.monotonic()))} if bounded else {}
             try:
                 value, problem = _as_reward(CallOutcome("ok", entry.fn(response, example, **kwargs)))
             except Exception as exc:  # noqa: BLE001 - a failing reward must not stop training
@@ -189,6 +200,8 @@ def _as_reward(outcome: CallOutcome) -> tuple[float, str | None]:
     if outcome.status != "ok":
         return 0.0, outcome.error
     value: Any = outcome.value
+    if isinstance(value, (str, bytes)):     # float("1") would pass: an answer string is not a reward
+        return 0.0, f"returned {type(value).__name__} {value!r:.80}, not a number"
     try:
         number = float(value)
     except (TypeError, ValueError):

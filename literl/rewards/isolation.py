@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import math
 import os
 import socket
 import subprocess
@@ -48,9 +49,10 @@ def running_in_worker() -> bool:
 def time_bounded(fn: Callable | None = None, *, timeout_counter: Callable[[], int] | None = None):
     """Mark `fn` as bounding its own run time, so that `RewardSet` calls it in-process, not in a worker.
 
-    Contract: `fn(response, example, *, timeout_s)` returns within about `timeout_s` for any input.
-    `timeout_counter`, if given, returns a cumulative count of the function's internal timeouts, which
-    `RewardSet` reports per batch.
+    Contract: `fn(response, example, *, timeout_s)` returns within about `timeout_s` for any input; with
+    `timeout_s=0` (the step's checking budget is spent) it runs only its cheap checks and counts the ones it
+    skipped as timeouts. `timeout_counter`, if given, returns a cumulative count of the function's internal
+    timeouts, which `RewardSet` reports per batch.
     """
     def mark(function: Callable) -> Callable:
         function.time_bounded = True
@@ -104,16 +106,22 @@ class _Worker:
         self.ready = False
         self.loaded: set[str] = set()
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, within: float = math.inf) -> bool:
+        """Wait for the worker to start; False if it is still starting after `within` seconds (when that is
+        shorter than the start-up limit, past which the worker is killed and this raises)."""
         if self.ready:
-            return
-        if not self.conn.poll(WORKER_STARTUP_TIMEOUT_S):
+            return True
+        if within < WORKER_STARTUP_TIMEOUT_S:
+            if not self.conn.poll(max(0.0, within)):
+                return False
+        elif not self.conn.poll(WORKER_STARTUP_TIMEOUT_S):
             self.kill()
             raise RuntimeError(f"an isolated worker did not start within {WORKER_STARTUP_TIMEOUT_S:.0f} s")
         message = self.conn.recv()
         if message[0] != "ready":
             raise RuntimeError(f"an isolated worker failed to start: {message}")
         self.ready = True
+        return True
 
     def ensure_loaded(self, fn_path: str) -> None:
         """Import the function before its first timed call: importing a user's module (which may pull in
@@ -171,23 +179,35 @@ class IsolatedRunner:
     def call(self, fn_path: str, args: tuple, timeout_s: float) -> CallOutcome:
         return self.map(fn_path, [args], timeout_s)[0]
 
-    def map(self, fn_path: str, args_list: Sequence[tuple], timeout_s: float) -> list[CallOutcome]:
+    def map(self, fn_path: str, args_list: Sequence[tuple], timeout_s: float, *,
+            deadline: float = math.inf) -> list[CallOutcome]:
+        """One outcome per argument tuple; each call gets `timeout_s`, and none runs past `deadline` (a
+        `time.monotonic()` value bounding the whole map: calls not finished by then report `timeout`)."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0 (got {timeout_s})")
         with self._lock:
-            return self._map_locked(fn_path, list(args_list), timeout_s)
+            return self._map_locked(fn_path, list(args_list), timeout_s, deadline)
 
-    def _map_locked(self, fn_path: str, args_list: list[tuple], timeout_s: float) -> list[CallOutcome]:
+    def _map_locked(self, fn_path: str, args_list: list[tuple], timeout_s: float,
+                    overall: float = math.inf) -> list[CallOutcome]:
         outcomes: list[CallOutcome | None] = [None] * len(args_list)
         pending = list(range(len(args_list)))[::-1]            # pop() takes the lowest index first
         busy: dict[int, tuple[_Worker, int, float]] = {}       # id(worker) -> (worker, call index, deadline)
+        spent = CallOutcome("timeout", error="not run: the step's checking budget was spent")
         while pending or busy:
             for worker in self._idle_workers(busy, want=len(pending)):
                 index = pending.pop()
-                worker.wait_ready()                            # start-up is not part of the call's deadline
-                worker.ensure_loaded(fn_path)                  # nor is importing the function's module
+                # Start-up and importing the function's module are not part of a call's deadline, but the
+                # step's budget (`overall`) counts everything.
+                if not worker.wait_ready(within=overall - time.monotonic()):
+                    outcomes[index] = spent
+                    continue
+                worker.ensure_loaded(fn_path)
+                if time.monotonic() >= overall:
+                    outcomes[index] = spent
+                    continue
                 worker.conn.send((fn_path, args_list[index]))
-                busy[id(worker)] = (worker, index, time.monotonic() + timeout_s)
+                busy[id(worker)] = (worker, index, min(time.monotonic() + timeout_s, overall))
             if not busy:
                 continue
             nearest = min(deadline for _, _, deadline in busy.values())

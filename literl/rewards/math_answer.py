@@ -171,6 +171,9 @@ def is_equivalent(pred: str, gold: str, *, float_rounding: int = 6, strict: bool
         return verdict
     if _max_brace_depth(pred) > MAX_BRACE_DEPTH:
         return False
+    if timeout_s <= 0:              # no time left (a step's checking budget is spent): wrong, and counted
+        _budget_skips[0] += 1
+        return False
     return _cached_slow_verdict(_math_verify_text(pred), _math_verify_text(gold), float_rounding, strict,
                                 allow_set_relation_comp, float(timeout_s))
 
@@ -183,7 +186,10 @@ def math_reward(response: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_
     return 1.0 if is_equivalent(answer, str(gold), timeout_s=timeout_s) else 0.0
 
 
-@time_bounded(timeout_counter=lambda: checker_runner().stats["timeouts"])
+_budget_skips = [0]     # slow checks skipped for want of time, counted with the checker's timeouts
+
+
+@time_bounded(timeout_counter=lambda: checker_runner().stats["timeouts"] + _budget_skips[0])
 def math_accuracy(response: str, example: dict, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
     """The default reward function: `math_reward(response, example["answer"])`."""
     return math_reward(response, example["answer"], timeout_s=timeout_s)

@@ -67,6 +67,7 @@ class Generator(Protocol):
         (`Generation.forward_record`); an engine that cannot simply returns none."""
         ...
 
-    def sync_weights(self, policy: torch.nn.Module) -> None:
-        """Make the engine sample from `policy`'s current weights (a no-op when it shares them)."""
+    def sync_weights(self, policy: torch.nn.Module) -> dict[str, float] | None:
+        """Make the engine sample from `policy`'s current weights (a no-op when it shares them); an engine with its
+        own copy may return metrics of the sync (`sync/bytes`, `sync/seconds`)."""
         ...

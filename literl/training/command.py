@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_PRESET = "lite_ppo"
@@ -34,19 +35,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from literl.config_loader import from_yaml_file, load_config, resolve, to_yaml
+    from literl.config_loader import load_config, resolve, to_yaml
     from literl.registry import ConfigError
 
     preset = DEFAULT_PRESET if args.preset is None else None if args.preset == "none" else args.preset
     try:
         cfg = load_config(preset=preset, config_file=args.config_file, overrides=args.overrides)
-        saved = Path(cfg.trainer.output_dir or "") / "config.yaml"
-        if cfg.trainer.resume and cfg.trainer.output_dir and saved.is_file():
+        base = _resumed_config(cfg, args.config_file)
+        if base is not None:
             # Continue the run as it was configured, not as today's defaults would configure it: only what the
             # command names explicitly changes.
             explicit_preset = None if args.preset in (None, "none") else args.preset
-            cfg = load_config(preset=explicit_preset, config_file=args.config_file, overrides=args.overrides,
-                              base=from_yaml_file(saved))
+            layered_file = None if base.source == args.config_file else args.config_file
+            cfg = load_config(preset=explicit_preset, config_file=layered_file, overrides=args.overrides,
+                              base=base.config)
     except (ConfigError, FileNotFoundError) as err:
         print(f"literl train: config error: {err}", file=sys.stderr)
         return 2
@@ -61,13 +63,97 @@ def run(args: argparse.Namespace) -> int:
         print(to_yaml(resolve(cfg)))
         return 0
     from literl.distributed import ClusterError
+    from literl.run_lock import DirectoryBusy
     from literl.training.api import run as run_training
+    from literl.training.checkpoint import CheckpointError
+    from literl.training.trainer import NonFiniteTraining, TrainingInterrupted
 
     try:
         run_training(cfg)
+    except TrainingInterrupted:
+        return 130                  # the trainer said where the checkpoint is
     except KeyboardInterrupt:
+        print("literl train: interrupted before a training step finished, so nothing new was saved. Run the same "
+              "command again to start (or, with trainer.resume=true, continue) the run.", file=sys.stderr)
         return 130
-    except (FileExistsError, FileNotFoundError, ConfigError, ValueError, ClusterError) as err:
+    except (FileExistsError, FileNotFoundError, ConfigError, ValueError, DirectoryBusy, CheckpointError,
+            ClusterError) as err:
         print(f"literl train: {err}", file=sys.stderr)
         return 2
+    except NonFiniteTraining as err:
+        print(f"literl train: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"literl train: {_os_error_message(err)}", file=sys.stderr)
+        return 1
     return 0
+
+
+@dataclass
+class _SavedConfig:
+    config: object
+    source: str
+
+
+def _resumed_config(cfg, config_file: str | None) -> _SavedConfig | None:
+    """The config a resume continues from: the run's config.yaml, or the --config FILE the user names instead
+    when config.yaml is missing, empty or unreadable (without one, resuming is refused: the defaults would
+    silently change the algorithm halfway through the run)."""
+    from literl.config_loader import from_yaml_file
+    from literl.registry import ConfigError
+
+    if not (cfg.trainer.resume and cfg.trainer.output_dir):
+        return None
+    run_dir = Path(cfg.trainer.output_dir)
+    saved = run_dir / "config.yaml"
+    problem = _unreadable(saved)
+    if problem is None:
+        return _SavedConfig(from_yaml_file(saved), str(saved))
+    if not _holds_a_run(run_dir):
+        return None                  # nothing to continue: a fresh start from the command's config
+    if config_file:
+        return _SavedConfig(from_yaml_file(config_file), config_file)
+    from literl.training.checkpoint import latest_checkpoint
+
+    newest = latest_checkpoint(run_dir)
+    kept = newest / "config.yaml" if newest is not None and (newest / "config.yaml").is_file() else None
+    hint = (f"the newest checkpoint keeps the config it was written with: add --config {kept}" if kept else
+            "name the config the run used with --config FILE")
+    raise ConfigError(f"cannot resume {run_dir}: its config.yaml {problem}, and without it the run would continue "
+                      f"with other settings than it started with. To continue, {hint} (it then takes the place of "
+                      "config.yaml; key=value overrides still apply on top)")
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why `path` cannot serve as a run's config, or None when it can."""
+    from literl.config_loader import from_yaml_file
+    from literl.registry import ConfigError
+
+    if not path.is_file():
+        return "is missing"
+    try:
+        if not path.read_bytes().strip():
+            return "is empty"
+        from_yaml_file(path)
+    except (OSError, ConfigError) as err:
+        return f"cannot be read ({err})"
+    return None
+
+
+def _holds_a_run(run_dir: Path) -> bool:
+    return run_dir.is_dir() and any((run_dir / name).exists()
+                                    for name in ("checkpoints", "metrics.jsonl", "summary.json", "final"))
+
+
+def _os_error_message(err: OSError) -> str:
+    """A disk that is full or read-only, or a path that cannot be written: what failed and what to do."""
+    import errno
+
+    where = f" ({err.filename})" if err.filename else ""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT) and "trainer.keep_checkpoints" not in str(err):
+        return (f"no space left on the device{where}: free some space, or move trainer.output_dir to a larger "
+                "disk; then continue with trainer.resume=true")
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (f"cannot write{where}: {err.strerror}. Choose a writable trainer.output_dir (the run directory "
+                "and its parent must be writable)")
+    return str(err)

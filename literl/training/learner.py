@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 
@@ -32,9 +32,24 @@ from literl.ops import masked_max, masked_mean
 Observe = Callable[[TrainBatch, dict], None]     # (micro-batch, its per-token maps) → None: mechanism diagnostics
 
 
+class StepReport(NamedTuple):
+    """One optimizer step's outcome, for the trainer's bookkeeping (non-finite steps in a row, weights moved)."""
+
+    stepped: bool           # the optimizer step ran (some loss token, finite loss and gradient norm)
+    non_finite: bool        # skipped: a NaN/inf loss or gradient norm would have made every weight NaN
+    loss: float             # the step's loss (its micro-batches' shares summed)
+    grad_norm: float        # before clipping; 0 when no token entered the loss
+
+
+OnStep = Callable[[StepReport], None]
+
+
 class Learner(Protocol):
-    def update(self, train: TrainBatch, observe: Observe | None = None) -> dict[str, float]:
-        """One rollout batch's optimizer steps; per-step metrics (loss/*, optim/*, entropy/*, policy_loss/*...)."""
+    def update(self, train: TrainBatch, observe: Observe | None = None, on_step: OnStep | None = None
+               ) -> dict[str, float]:
+        """One rollout batch's optimizer steps; per-step metrics (loss/*, optim/*, entropy/*, policy_loss/*...).
+        `observe` sees every micro-batch with its token maps, `on_step` every optimizer step's outcome (it may
+        raise to stop the run)."""
         ...
 
     def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
@@ -77,8 +92,9 @@ def clip_gradients(params: list[torch.nn.Parameter], max_grad_norm: float) -> fl
 
 
 def micro_step(forward: Callable, objective, micro: TrainBatch, device: torch.device, acc: MetricAccumulator,
-               minibatch: int) -> dict:
-    """Forward, loss and backward of one micro-batch, its metrics added to `acc`; returns its per-token maps.
+               minibatch: int) -> tuple[dict, torch.Tensor]:
+    """Forward, loss and backward of one micro-batch, its metrics added to `acc`; returns its per-token maps and
+    its (detached) loss.
 
     `forward(micro)` returns (logp_BT, entropy_BT, aux_loss). Shared by every learner so that the numbers of an
     update are computed by one piece of code wherever it runs."""
@@ -90,7 +106,19 @@ def micro_step(forward: Callable, objective, micro: TrainBatch, device: torch.de
     mask = micro.mask_BT.to(device)
     acc.add({"entropy/mean": masked_mean(entropy_BT.detach(), mask)}, weight=int(mask.sum()))
     acc.add({"entropy/token_max": masked_max(entropy_BT.detach(), mask)})
-    return out.token_maps
+    return out.token_maps, out.loss.detach().float()
+
+
+def close_step(acc: MetricAccumulator, *, loss_tokens: int, step_loss, grad_norm: float, lr: float) -> StepReport:
+    """The optimizer step's decision and metrics, after its last backward: skipped when no token entered the loss
+    (the gradient is zero, but AdamW's momentum would still move the weights: algorithms.md §4.1) or when the loss
+    or the gradient norm is not finite (it would make every weight NaN)."""
+    skipped = loss_tokens == 0
+    non_finite = not skipped and not (math.isfinite(grad_norm) and bool(torch.isfinite(torch.as_tensor(step_loss))))
+    acc.add({"optim/grad_norm": grad_norm, "optim/lr": lr, "optim/skipped_step": float(skipped or non_finite),
+             "optim/non_finite_step": float(non_finite)})
+    return StepReport(stepped=not (skipped or non_finite), non_finite=non_finite, loss=float(step_loss),
+                      grad_norm=grad_norm)
 
 
 class InProcessLearner:
@@ -102,27 +130,31 @@ class InProcessLearner:
         self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
         self.micro_batch_tokens, self.max_grad_norm, self.device = micro_batch_tokens, max_grad_norm, device
 
-    def update(self, train: TrainBatch, observe: Observe | None = None) -> dict[str, float]:
+    def update(self, train: TrainBatch, observe: Observe | None = None, on_step: OnStep | None = None
+               ) -> dict[str, float]:
         """N optimizer steps; each accumulates its micro-batches' exact shares of the step loss."""
         acc = MetricAccumulator()
         self._policy.train()
         forward = lambda micro: self.policy_forward.logprobs(micro, with_entropy=True)  # noqa: E731
         for k, minibatch in enumerate(train.minibatches()):
             self.optimizer.zero_grad(set_to_none=True)
-            loss_tokens = 0
+            loss_tokens, step_loss = 0, 0.0
             for micro in self.objective.micro_batches(minibatch, self.micro_batch_tokens):
-                token_maps = micro_step(forward, self.objective, micro, self.device, acc, k)
+                token_maps, loss = micro_step(forward, self.objective, micro, self.device, acc, k)
                 loss_tokens += int(micro.loss_mask_BT.sum())
+                step_loss = step_loss + loss       # on the device: one sync per step
                 if observe is not None:
                     observe(micro, token_maps)
             acc.end_minibatch()     # loss/* of this optimizer step are complete: steps are averaged, not summed
-            # Every token masked (all rows truncated under the overlong filter, or IS-rejected): the gradient is
-            # zero, but AdamW's momentum would still move the weights (algorithms.md §4.1: skip the step).
-            skipped = loss_tokens == 0
-            grad_norm = 0.0 if skipped else clip_gradients(list(self._policy.parameters()), self.max_grad_norm)
-            acc.add({"optim/grad_norm": grad_norm, "optim/lr": self.scheduler.get_last_lr()[0],
-                     "optim/skipped_step": float(skipped)})
-            if not skipped:
+            grad_norm = 0.0 if loss_tokens == 0 else clip_gradients(list(self._policy.parameters()),
+                                                                    self.max_grad_norm)
+            report = close_step(acc, loss_tokens=loss_tokens, step_loss=step_loss, grad_norm=grad_norm,
+                                lr=self.scheduler.get_last_lr()[0])
+            if report.non_finite:
+                self.optimizer.zero_grad(set_to_none=True)
+            if on_step is not None:
+                on_step(report)
+            if report.stepped:
                 self.optimizer.step()
                 self.scheduler.step()
         self._policy.eval()     # sampling and log-prob passes run without dropout

@@ -20,9 +20,23 @@ from pathlib import Path
 
 import torch
 
-from literl.training.checkpoint import (latest_checkpoint, load_checkpoint, restore_rng_state, rng_state,
+from literl.config_loader import to_yaml
+from literl.training.checkpoint import (load_latest_checkpoint, non_finite_parameters, restore_rng_state, rng_state,
                                         save_checkpoint, save_model)
 from literl.components import RunComponents
+from literl.training.learning_signal import no_signal_reason
+
+
+class NonFiniteTraining(RuntimeError):
+    """Training produced NaN/inf losses, gradients or weights; nothing non-finite was saved."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """A stop request (Ctrl-C, SIGTERM) ended the loop after a checkpoint was saved at `.checkpoint`."""
+
+    def __init__(self, checkpoint: Path):
+        super().__init__(f"interrupted; checkpoint saved at {checkpoint}")
+        self.checkpoint = checkpoint
 
 
 class PhaseTimer:
@@ -46,24 +60,45 @@ class Trainer:
         self.rng = torch.Generator().manual_seed(self.cfg.seed)
         self.eval_results: dict[str, dict] = {}
         self._saved: tuple[int, Path] | None = None     # (step, path) of the checkpoint of the current state
+        self._step_start: dict | None = None            # loop state before the step in progress (None: between steps)
+        self._weights_moved = False                     # an optimizer step of the step in progress has run
+        self._non_finite_in_a_row = 0
+        self._signal_warnings: set[str] = set()
 
     # ------------------------------------------------------------------------------------------ the loop
     def fit(self) -> Path:
+        try:
+            return self._fit()
+        finally:
+            self.parts.release()        # the run directory is free for the next writer, however this ended
+
+    def _fit(self) -> Path:
         p, cfg = self.parts, self.cfg
         self._resume_if_asked()
         if self.step == 0 and cfg.eval.before:
             self._evaluate("before")
         p.console.start(total=cfg.trainer.steps, done=self.step)
+        last_save = time.monotonic()
         with _deferred_interrupts() as stop_requested:
-            while self.step < cfg.trainer.steps and not stop_requested():
-                metrics = self._train_step()
-                self.step += 1
-                p.log.log(self.step, metrics)
-                p.console.update(self.step, metrics)
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.trainer.steps:
-                    self._evaluate(f"step_{self.step}")
-                if cfg.trainer.save_every and self.step % cfg.trainer.save_every == 0:
-                    self._save_checkpoint()
+            try:
+                while self.step < cfg.trainer.steps and not stop_requested():
+                    self._step_start, self._weights_moved = self._loop_state(), False
+                    metrics = self._train_step()
+                    self.step += 1
+                    self._step_start = None
+                    p.log.log(self.step, metrics)
+                    p.console.update(self.step, metrics)
+                    # Once a stop is requested, saving comes first: a scheduler's grace period is short.
+                    if (cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.trainer.steps
+                            and not stop_requested()):
+                        self._evaluate(f"step_{self.step}")
+                    if self._save_due(last_save):
+                        self._save_checkpoint()
+                        last_save = time.monotonic()
+            except Exception as err:
+                p.console.stop()
+                self._save_after_failure(err)
+                raise
         p.console.stop()
         # Saving the same step again would move the complete checkpoint aside while the copy is written: with
         # keep_checkpoints=1 a crash in that window would leave nothing to resume from.
@@ -71,11 +106,54 @@ class Trainer:
         if self.step < cfg.trainer.steps:
             p.console.note(f"interrupted after step {self.step}: checkpoint saved at {path}; continue with "
                            f"trainer.resume=true trainer.output_dir={p.run_dir}")
-            raise KeyboardInterrupt
+            raise TrainingInterrupted(path)
+        self._refuse_non_finite_weights("final/")
         save_model(p.run_dir / "final", p.learner.policy(), p.tokenizer)
         self._evaluate("after")
-        p.finish(self.eval_results)
+        p.finish(self.eval_results, steps=self.step)
         return p.run_dir
+
+    def _save_due(self, last_save: float) -> bool:
+        t = self.cfg.trainer
+        by_steps = t.save_every and self.step % t.save_every == 0
+        by_time = t.save_every_minutes and time.monotonic() - last_save >= 60 * t.save_every_minutes
+        return bool(by_steps or by_time) and self.step < t.steps     # the last step is saved after the loop
+
+    def _loop_state(self) -> dict:
+        """What a step changes besides the weights: restored when a step fails before its first optimizer step,
+        so that the checkpoint written then is exactly the state after the previous step."""
+        p = self.parts
+        return {"rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
+                "diagnostics": p.diagnostics.state_dict()}       # state_dict()s are fresh copies
+
+    def _save_after_failure(self, err: Exception) -> None:
+        """Best effort: a checkpoint of the last complete step, so that an exception (a full disk, out of
+        memory, an I/O error) costs at most the step it happened in."""
+        p = self.parts
+        failed_in_step = self._step_start is not None
+        if failed_in_step and self._weights_moved:
+            p.console.note(f"step {self.step + 1} failed after an optimizer step had changed the weights, so no "
+                           f"consistent checkpoint can be written; the last one is "
+                           f"{self._saved[1] if self._saved else 'none'}")
+            return
+        if self.step == 0:
+            return                      # nothing trained yet: a restart is as good as a checkpoint
+        if failed_in_step:
+            p.collector.stream.load_state_dict(self._step_start["stream"])
+            restore_rng_state(self._step_start["rng"], self.rng)
+            p.diagnostics.load_state_dict(self._step_start["diagnostics"])
+        if self._saved and self._saved[0] == self.step:
+            path = self._saved[1]
+        else:
+            try:
+                path = self._save_checkpoint()
+            except Exception as save_err:  # noqa: BLE001 - the original error is the one to report
+                p.console.note(f"the run failed ({type(err).__name__}: {err}) and the checkpoint after it could "
+                               f"not be written either ({save_err})")
+                return
+        p.console.note(f"the run failed at step {self.step + 1} ({type(err).__name__}: {err}); the state after "
+                       f"step {self.step} is saved at {path}. Fix the cause, then continue with "
+                       f"trainer.resume=true trainer.output_dir={p.run_dir}")
 
     def _train_step(self) -> dict[str, float]:
         p, cfg = self.parts, self.cfg
@@ -97,10 +175,13 @@ class Trainer:
         train, prep_metrics = p.objective.prepare(batch, old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT,
                                                   minibatches=n_minibatches, rng=self.rng)
         metrics.update(prep_metrics)
+        metrics["advantage/all_zero"] = float(not bool(train.adv_BT.any()))
+        if metrics["advantage/all_zero"]:
+            self._warn_no_signal(metrics)
         with timer("update"):
             metrics.update(self._update(train))
         with timer("sync"):
-            # An engine with its own copy of the weights reports what the sync moved (sync/bytes, sync/seconds).
+            # An engine with its own copy of the weights reports what the sync moved (e.g. sync/bytes).
             metrics.update(p.engine.sync_weights(p.learner.weights()) or {})
         metrics.update(p.learner.take_metrics())
         metrics.update(p.diagnostics.observe_rollout(batch))
@@ -110,7 +191,39 @@ class Trainer:
     def _update(self, train) -> dict[str, float]:
         """N optimizer steps; each accumulates its micro-batches' exact shares of the step loss
         (`literl.training.learner`: in this process, or spread over trainer ranks)."""
-        return self.parts.learner.update(train, observe=self.parts.diagnostics.observe_update)
+        return self.parts.learner.update(train, observe=self.parts.diagnostics.observe_update,
+                                         on_step=self._after_optimizer_step)
+
+    def _after_optimizer_step(self, report) -> None:
+        """Each optimizer step's outcome (`learner.StepReport`): a non-finite one is counted (and stops the run
+        after trainer.max_non_finite_steps in a row), a taken one resets the count and marks the weights moved."""
+        if report.non_finite:
+            self._on_non_finite_step(report.loss, report.grad_norm)
+        elif report.stepped:
+            self._non_finite_in_a_row = 0
+            self._weights_moved = True
+
+    def _warn_no_signal(self, metrics: dict[str, float]) -> None:
+        """Loudly, once per reason: a run whose weights never change should not look like a run that learns."""
+        reason = no_signal_reason(metrics, group_size=self.cfg.rollout.group_size)
+        if reason not in self._signal_warnings:
+            self._signal_warnings.add(reason)
+            self.parts.console.note(f"WARNING: no learning signal at step {self.step + 1}: {reason}. "
+                                    "(advantage/all_zero counts such steps in metrics.jsonl)")
+
+    def _on_non_finite_step(self, loss: float, grad_norm: float) -> None:
+        self._non_finite_in_a_row += 1
+        limit = self.cfg.trainer.max_non_finite_steps
+        what = f"loss {loss}, gradient norm {grad_norm}"
+        if limit and self._non_finite_in_a_row >= limit:
+            raise NonFiniteTraining(
+                f"{self._non_finite_in_a_row} optimizer steps in a row had a non-finite loss or gradient ({what}); "
+                f"stopping at step {self.step + 1} (trainer.max_non_finite_steps={limit}). The weights are still "
+                "those of the last good step. Usual causes: a learning rate far too high (optim.lr), rewards of "
+                "an extreme scale, or a policy loss without clipping (log_ratio_clamp, caps)")
+        self.parts.console.note(f"WARNING: skipped an optimizer step at step {self.step + 1}: non-finite {what} "
+                                f"({self._non_finite_in_a_row} in a row; the run stops after "
+                                f"trainer.max_non_finite_steps={limit})")
 
     @staticmethod
     def _timing(timer: PhaseTimer, batch, metrics: dict) -> dict[str, float]:
@@ -135,24 +248,34 @@ class Trainer:
 
     def _save_checkpoint(self) -> Path:
         p = self.parts
+        self._refuse_non_finite_weights("a checkpoint")
         state = {**p.learner.state_dict(), "rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
                  "eval_results": self.eval_results, "diagnostics": p.diagnostics.state_dict()}
         path = save_checkpoint(p.run_dir, self.step, model=p.learner.policy(), tokenizer=p.tokenizer, trainer_state=state,
-                               keep=self.cfg.trainer.keep_checkpoints)
+                               keep=self.cfg.trainer.keep_checkpoints, config_text=to_yaml(self.cfg))
         self._saved = (self.step, path)
         return path
+
+    def _refuse_non_finite_weights(self, what: str) -> None:
+        bad = non_finite_parameters(self.parts.learner.policy())
+        if bad:
+            last = self._saved[1] if self._saved else "none"
+            raise NonFiniteTraining(f"{len(bad)} weight tensors hold NaN or inf after step {self.step} (first: "
+                                    f"{bad[0]}); not writing them as {what}. The last checkpoint is {last}")
 
     def _resume_if_asked(self) -> None:
         p = self.parts
         if not self.cfg.trainer.resume:
             return
-        path = latest_checkpoint(p.run_dir)
-        if path is None:
+        resumed = load_latest_checkpoint(p.run_dir, p.learner.policy())
+        if resumed is None:
             p.console.note(f"trainer.resume=true but {p.run_dir} has no checkpoint yet: starting from step 0")
             # Records of an attempt that never checkpointed are redone, the evaluation before training included.
             p.log.truncate_after(0, retag_evaluations={"before": None} if self.cfg.eval.before else {})
             return
-        state = load_checkpoint(path, p.learner.policy())
+        for note in resumed.notes:
+            p.console.note(f"WARNING: {note}")
+        path, state = resumed.path, resumed.state
         p.learner.load_state_dict(state)
         restore_rng_state(state["rng"], self.rng)
         p.collector.stream.load_state_dict(state["stream"])
@@ -166,6 +289,9 @@ class Trainer:
         extended = self.step < self.cfg.trainer.steps
         p.log.truncate_after(self.step, retag_evaluations={"after": f"step_{self.step}" if extended else None})
         p.console.note(f"resumed from {path} at step {self.step}")
+        if self.step > self.cfg.trainer.steps:
+            p.console.note(f"trainer.steps={self.cfg.trainer.steps} is below the checkpoint's step {self.step}: "
+                           f"nothing to train; final/ holds the model of step {self.step}")
 
 
 def _samples(batch, n: int) -> list[dict]:

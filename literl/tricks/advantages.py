@@ -67,7 +67,8 @@ def _std(scope, R_B, group_B, valid_B, centred_B, *, unbiased, weights_B):
         return ops.group_mean_std(centred_B, group_B, valid_B, unbiased=unbiased)[1]
     if scope == "pooled":
         n = valid_B.sum() - (1 if unbiased else 0)
-        return (ops.masked_sum(centred_B ** 2, valid_B) / n.clamp(min=1)).sqrt()
+        # float64: squares of rewards near 1e19 overflow float32 (see ops.group_mean_std)
+        return (ops.masked_sum(centred_B.double() ** 2, valid_B) / n.clamp(min=1)).sqrt().to(centred_B.dtype)
     return ops.batch_mean_std(R_B, valid_B, unbiased=unbiased, weights=weights_B)[1]
 
 
@@ -99,7 +100,7 @@ def _stats_valid(valid_B, mask_BT, exclude_masked):
     return valid_B & mask_BT.any(-1) if exclude_masked else valid_B
 
 
-@ADVANTAGES.register
+@ADVANTAGES.register(ranges={"eps": ">= 0"})
 def grpo(rewards_B, group_B, mask_BT, token_rewards_BT, *, eps=1e-6, unbiased=True, stats_exclude_masked=False):
     """GRPO group normalisation: centre and scale by the group's own statistics.
 
@@ -130,7 +131,7 @@ def dr_grpo(rewards_B, group_B, mask_BT, token_rewards_BT, *, stats_exclude_mask
     return _broadcast(adv_B, valid_B, mask_BT)
 
 
-@ADVANTAGES.register
+@ADVANTAGES.register(ranges={"eps": ">= 0"})
 def batch_norm(rewards_B, group_B, mask_BT, token_rewards_BT, *, weighting="sequence", unbiased=True, eps=1e-6):
     """Batch normalisation: centre and scale by statistics of the whole rollout batch (groups ignored).
 
@@ -150,7 +151,7 @@ def batch_norm(rewards_B, group_B, mask_BT, token_rewards_BT, *, weighting="sequ
     return _broadcast(adv_B, valid_B, mask_BT)
 
 
-@ADVANTAGES.register
+@ADVANTAGES.register(ranges={"eps": ">= 0"})
 def lite_ppo(rewards_B, group_B, mask_BT, token_rewards_BT, *, std_of="raw", unbiased=True, eps=1e-6):
     """LitePPO mixed normalisation: group mean, batch std.
 
@@ -203,11 +204,11 @@ def _whiten_tokens(x_BT, valid_BT, eps):
     0 where var + eps = 0 (constant returns with eps = 0), never NaN."""
     ref = ops.masked_min(x_BT, valid_BT, empty=0.0)
     mean, std = ops.batch_mean_std(x_BT - ref, valid_BT, unbiased=True)
-    out = _safe_divide(x_BT - ref - mean, (std ** 2 + eps).sqrt())
+    out = _safe_divide(x_BT - ref - mean, (std.double() ** 2 + eps).sqrt().to(std.dtype))   # std² in float64
     return torch.where(valid_BT, out, torch.zeros_like(out)).float()
 
 
-@ADVANTAGES.register
+@ADVANTAGES.register(ranges={"gamma": ">= 0 and <= 1", "eps": ">= 0"})
 def reinforce_pp(rewards_B, group_B, mask_BT, token_rewards_BT, *, gamma=1.0, eps=1e-8):
     """REINFORCE++: per-token rewards, discounted returns, then token-weighted batch whitening (no groups).
 
@@ -229,7 +230,7 @@ def reinforce_pp(rewards_B, group_B, mask_BT, token_rewards_BT, *, gamma=1.0, ep
     return _whiten_tokens(_discounted_returns(token_r_BT, valid_BT, gamma), valid_BT, eps)
 
 
-@ADVANTAGES.register
+@ADVANTAGES.register(ranges={"eps": ">= 0"})
 def reinforce_pp_baseline(rewards_B, group_B, mask_BT, token_rewards_BT, *, eps=1e-8):
     """REINFORCE++-baseline: group-mean centring, broadcast to tokens, then token-weighted batch whitening.
 

@@ -75,7 +75,7 @@ def seq_mean_token_sum(mask_BT, group_B):
     return mask_BT.float(), _count(mask_BT.shape[0], mask_BT)
 
 
-@AGGREGATIONS.register
+@AGGREGATIONS.register(ranges={"max_new_tokens": "> 0"})
 def seq_mean_token_sum_norm(mask_BT, group_B, *, max_new_tokens=None):
     """Dr.GRPO constant normaliser: token sums divided by the max generation length, averaged over sequences.
 

@@ -78,7 +78,7 @@ def none(old_logp_BT, rollout_logp_BT, mask_BT):
 none.is_identity = True
 
 
-@IS_CORRECTIONS.register
+@IS_CORRECTIONS.register(ranges={"cap": "> 0"})
 def token_tis(old_logp_BT, rollout_logp_BT, mask_BT, *, cap=2.0):
     """Truncated importance sampling per token (one-sided, upper).
 
@@ -91,7 +91,7 @@ def token_tis(old_logp_BT, rollout_logp_BT, mask_BT, *, cap=2.0):
     return _tis(torch.exp(d_BT), mask_BT, cap)
 
 
-@IS_CORRECTIONS.register
+@IS_CORRECTIONS.register(ranges={"cap": "> 0"})
 def seq_tis(old_logp_BT, rollout_logp_BT, mask_BT, *, cap=2.0):
     """Truncated importance sampling on the sequence (product) ratio, shared by all tokens of a sequence.
 
@@ -103,7 +103,7 @@ def seq_tis(old_logp_BT, rollout_logp_BT, mask_BT, *, cap=2.0):
     return _tis(_seq_ratio(old_logp_BT, rollout_logp_BT, mask_BT, geometric=False), mask_BT, cap)
 
 
-@IS_CORRECTIONS.register
+@IS_CORRECTIONS.register(ranges={"low": ">= 0 and < high"})
 def token_mis(old_logp_BT, rollout_logp_BT, mask_BT, *, low=0.5, high=2.0, reject=False):
     """Masked importance sampling per token: keep the ratio inside [low, high], drop the token outside.
 
@@ -117,7 +117,7 @@ def token_mis(old_logp_BT, rollout_logp_BT, mask_BT, *, low=0.5, high=2.0, rejec
     return _mis(torch.exp(d_BT), mask_BT, low, high, reject)
 
 
-@IS_CORRECTIONS.register
+@IS_CORRECTIONS.register(ranges={"low": ">= 0 and < high"})
 def seq_mis(old_logp_BT, rollout_logp_BT, mask_BT, *, low=0.5, high=2.0, reject=False):
     """Masked importance sampling on the sequence (product) ratio: a whole sequence is in or out.
 
@@ -129,7 +129,7 @@ def seq_mis(old_logp_BT, rollout_logp_BT, mask_BT, *, low=0.5, high=2.0, reject=
     return _mis(ratio_BT, mask_BT, low, high, reject)
 
 
-@IS_CORRECTIONS.register
+@IS_CORRECTIONS.register(ranges={"low": ">= 0 and < high"})
 def geo_mis(old_logp_BT, rollout_logp_BT, mask_BT, *, low=0.5, high=2.0, reject=False):
     """Masked importance sampling on the geometric-mean sequence ratio (length-independent scale).
 

@@ -42,7 +42,7 @@ def k2(logp_BT, ref_logp_BT):
     return 0.5 * (logp_BT - ref_logp_BT) ** 2
 
 
-@KL_ESTIMATORS.register
+@KL_ESTIMATORS.register(ranges={"log_ratio_clamp": "> 0", "clamp": "> 0"})
 def k3(logp_BT, ref_logp_BT, *, log_ratio_clamp=20.0, clamp=10.0):
     """k3 estimator ("low_var_kl"), non-negative and unbiased.
 
@@ -71,7 +71,7 @@ def k1_st(logp_BT, ref_logp_BT):
     return _straight_through(k1(logp_BT, ref_logp_BT), logp_BT, ref_logp_BT)
 
 
-@KL_ESTIMATORS.register
+@KL_ESTIMATORS.register(ranges={"log_ratio_clamp": "> 0", "clamp": "> 0"})
 def k3_st(logp_BT, ref_logp_BT, *, log_ratio_clamp=20.0, clamp=10.0):
     """k3 value (with k3's clamps) with the k2 gradient (straight-through).
 

@@ -64,7 +64,7 @@ def _clipped_surrogate(ratio, adv, eps_low, eps_high):
     return torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
 
 
-@POLICY_LOSSES.register
+@POLICY_LOSSES.register(ranges={"is_cap": "> 0", "log_ratio_clamp": "> 0"})
 def reinforce(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, behaviour="old", is_cap=None,
               log_ratio_clamp=20.0):
     """REINFORCE with importance sampling, log form (no clipping).
@@ -91,7 +91,8 @@ def reinforce(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, behavio
     return loss_BT, metrics
 
 
-@POLICY_LOSSES.register
+@POLICY_LOSSES.register(ranges={"eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "dual_clip": "> 1",
+                                 "log_ratio_clamp": "> 0"})
 def ppo_clip(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=0.2, eps_high=0.2, dual_clip=None,
              log_ratio_clamp=20.0):
     """PPO clipped surrogate with decoupled bounds (clip-higher when eps_high > eps_low) and optional dual-clip.
@@ -130,7 +131,7 @@ def _gspo_metrics(seq_ratio_B, logp_BT, old_logp_BT, adv_BT, mask_BT, eps_low, e
     return _ratio_metrics(ratio_BT, log_ratio_BT, adv_BT, mask_BT, 1.0 - eps_low, 1.0 + eps_high)
 
 
-@POLICY_LOSSES.register
+@POLICY_LOSSES.register(ranges={"eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "log_ratio_clamp": "> 0"})
 def gspo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=3e-4, eps_high=4e-4,
          log_ratio_clamp=10.0):
     """GSPO: PPO clipping on the length-normalised sequence ratio.
@@ -151,7 +152,7 @@ def gspo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=3e-4
                                   log_ratio_clamp)
 
 
-@POLICY_LOSSES.register
+@POLICY_LOSSES.register(ranges={"eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "log_ratio_clamp": "> 0"})
 def gspo_token(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=3e-4, eps_high=4e-4,
                log_ratio_clamp=10.0):
     """GSPO-token: the sequence ratio's value with a per-token gradient, allowing per-token advantages.
@@ -169,7 +170,8 @@ def gspo_token(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_lo
                                   log_ratio_clamp)
 
 
-@POLICY_LOSSES.register
+@POLICY_LOSSES.register(ranges={"ub": "> 0", "lb": ">= 0 and <= ub", "eps_high": ">= 0",
+                                 "eps_low": ">= 0 and <= 1", "log_ratio_clamp": "> 0"})
 def cispo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, ub=5.0, lb=None, eps_high=None, eps_low=None,
           unified_mask=False, log_ratio_clamp=20.0):
     """CISPO: REINFORCE weighted by a clipped, detached IS ratio; clipped tokens keep their gradient.
@@ -200,7 +202,8 @@ def cispo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, ub=5.0, lb=
     return _masked(-w_BT * adv_BT * logp_BT, keep_BT), metrics
 
 
-@POLICY_LOSSES.register
+@POLICY_LOSSES.register(ranges={"eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "tis_cap": "> 0",
+                                 "log_ratio_clamp": "> 0"})
 def minirl(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=0.2, eps_high=0.27, tis_cap=5.0,
            tis_scope="full", train_infer_is=True, log_ratio_clamp=20.0):
     """MiniRL: PPO-masked REINFORCE with the full, truncated token IS weight π_θ/μ_old.

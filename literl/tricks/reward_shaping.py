@@ -15,7 +15,7 @@ from literl.tricks import REWARD_SHAPING
 DEFAULT_CACHE_FRACTION = 0.2  # DAPO: L_cache / L_max = 4096 / 20480
 
 
-@REWARD_SHAPING.register
+@REWARD_SHAPING.register(ranges={"low": "< high"})
 def rescale(rewards_B, lengths_B, truncated_B, *, low=0.0, high=1.0):
     """Affine map of a {0,1} reward onto {low, high} (e.g. low=-1 for the ±1 scale).
 
@@ -39,7 +39,8 @@ def _cache_length(max_new_tokens, cache_length):
     return cache_length
 
 
-@REWARD_SHAPING.register
+@REWARD_SHAPING.register(ranges={"max_new_tokens": ">= 2", "cache_length": "> 0 and < max_new_tokens",
+                                  "factor": ">= 0"})
 def soft_overlong(rewards_B, lengths_B, truncated_B, *, max_new_tokens=None, cache_length=None, factor=1.0):
     """DAPO soft overlong punishment: a linear penalty over the last cache_length tokens before the cap.
 

@@ -187,7 +187,9 @@ def test_resuming_redoes_evaluations_without_duplicating_their_records(tiny_qwen
     _run(tiny_qwen3_dir, tmp_path / "r", "trainer.steps=3", "eval.every=0", "trainer.resume=true")
     assert _eval_tags(run_dir) == [(0, "before"), (2, "step_2"), (3, "after")]
 
-    shutil.rmtree(run_dir / "checkpoints")      # as if killed before its first checkpoint
+    for name in ("checkpoints", "final"):       # as if killed before its first checkpoint
+        shutil.rmtree(run_dir / name)
+    (run_dir / "summary.json").unlink()
     _run(tiny_qwen3_dir, tmp_path / "r", "trainer.steps=1", "eval.every=0", "trainer.resume=true")
     assert _eval_tags(run_dir) == [(0, "before"), (1, "after")]
     assert [r["step"] for r in read_metrics(run_dir)] == [1]

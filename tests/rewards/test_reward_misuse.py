@@ -1,0 +1,68 @@
+"""Rewards that would teach the wrong thing silently, and steps that could spend minutes checking (issue 22)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from literl.rewards import RewardSet, RewardWarning, time_bounded
+from literl.rewards.isolation import IsolatedRunner
+
+EXAMPLE = {"id": "e", "problem": "1+1", "answer": "2"}
+
+
+@time_bounded
+def returns_the_answer_text(response: str, example: dict, *, timeout_s: float = 5.0):
+    """A common slip: returning the extracted answer ("2") instead of a score; float("2") would make it 2.0."""
+    return response.strip()
+
+
+def test_a_reward_returned_as_a_string_scores_zero_and_is_counted():
+    rewards = RewardSet([(returns_the_answer_text, 1.0)])
+    with pytest.warns(RewardWarning, match="returned str '2', not a number"):
+        scores_B, _, metrics = rewards.score(["2", "1.0"], [EXAMPLE, EXAMPLE])
+    assert scores_B.tolist() == [0.0, 0.0]
+    assert metrics["reward/returns_the_answer_text/errors"] == 2.0
+
+
+def test_a_steps_checking_time_is_bounded_by_its_budget():
+    """Six hanging checks of 1 s each on one worker would take 6 s; a step budget of 1.5 s stops after it: the
+    first call times out at 1 s, the second at the budget, the other four are not started. All six score 0 and
+    count as timeouts."""
+    rewards = RewardSet([("sample_reward_fns:sleeps_if_asked", 1.0)], timeout_s=1.0, step_timeout_s=1.5,
+                        n_workers=1)
+    rewards._runner = IsolatedRunner(1)
+    rewards._runner.map("sample_reward_fns:sleeps_if_asked", [("fast", EXAMPLE)], 30.0)   # start-up: not timed
+    try:
+        start = time.perf_counter()
+        with pytest.warns(RewardWarning, match="ran past its time limit"):
+            scores_B, _, metrics = rewards.score(["slow"] * 6, [EXAMPLE] * 6)
+        elapsed = time.perf_counter() - start
+    finally:
+        rewards.close()
+    assert scores_B.tolist() == [0.0] * 6 and metrics["reward/sleeps_if_asked/timeouts"] == 6.0
+    assert elapsed < 1.5 + 2.0          # the budget, plus killing and restarting a worker on a loaded machine
+
+
+def test_a_time_bounded_function_gets_only_what_is_left_of_the_budget():
+    """In-process checks (the default math reward) are told the time left; at 0 they run their cheap checks
+    only, so answers the fast path decides still score, and skipped slow checks count as timeouts."""
+    seen = []
+
+    @time_bounded
+    def records_its_budget(response: str, example: dict, *, timeout_s: float = 5.0) -> float:
+        seen.append(timeout_s)
+        time.sleep(0.3)
+        return 1.0
+
+    rewards = RewardSet([(records_its_budget, 1.0)], timeout_s=5.0, step_timeout_s=0.5)
+    rewards.score(["a", "b", "c"], [EXAMPLE] * 3)
+    assert seen[0] == pytest.approx(0.5, abs=0.05) and 0 <= seen[1] < 0.25 and seen[2] == 0.0
+
+    from literl.rewards.math_answer import math_accuracy
+
+    before = math_accuracy.timeout_counter()
+    assert math_accuracy("\\boxed{2}", EXAMPLE, timeout_s=0.0) == 1.0            # decided by its text: scored
+    assert math_accuracy("\\boxed{\\frac{4}{2}}", EXAMPLE, timeout_s=0.0) == 0.0  # needs Math-Verify: skipped
+    assert math_accuracy.timeout_counter() == before + 1
