@@ -15,6 +15,8 @@ examples:
   literl train --preset dapo trainer.steps=100
   literl train --preset grpo algorithm.policy_loss.name=cispo algorithm.policy_loss.params.ub=5.0
   literl train model.path=/models/qwen3-0.6b data.train=math_train data.dir=/data optim.lr=1e-6
+  literl train cluster.address=local cluster.trainer_ranks=2 cluster.rollout_workers=2   # on a local Ray
+                                                               # cluster (docs/scaling.md; needs literl[ray])
   literl train trainer.output_dir=runs/a trainer.resume=true     # continue an interrupted run from its own
                                                                # config.yaml (overrides given apply on top)
 
