@@ -1,4 +1,5 @@
-"""One local Ray cluster for the distributed tests (real Ray, real torch.distributed over gloo; nothing mocked).
+"""A local Ray cluster for each distributed test module: real Ray, real torch.distributed over gloo, nothing
+mocked; shut down after the module, so that the rest of the suite runs without Ray's processes.
 
 Ray is an optional part: `./run.sh test` installs it (`literl[ray]`); without it these tests skip, saying so."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'literl[ray]' (./run.sh test does)")
     # Logical CPUs: every actor asks for one, and several share this machine's cores.
