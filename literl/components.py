@@ -80,7 +80,12 @@ class RunComponents:
         self.console.summary(self.run_dir, eval_results, wall)
 
     def release(self) -> None:
-        """Let another process write to the run directory (called when the run ends, however it ends)."""
+        """Let another process write to the run directory, and stop a cluster's actors (called when the run ends,
+        however it ends)."""
+        for part in (self.engine, self.learner):
+            stop = getattr(part, "shutdown", None)      # the Ray rollout workers and trainer ranks
+            if stop is not None:
+                stop()
         if self.lock is not None:
             self.lock.release()
 

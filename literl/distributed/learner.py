@@ -101,8 +101,12 @@ class RayLearner:
         self._fresh = True
 
     def shutdown(self) -> None:
+        """Stop the actors (a dead one is skipped)."""
         for rank in self.ranks:
-            self.ray.kill(rank, no_restart=True)
+            try:
+                self.ray.kill(rank, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone, or Ray already shut down
+                pass
 
     # ------------------------------------------------------------------------------------------ helpers
     def _no_grad(self, batch, *, reference: bool) -> torch.Tensor:

@@ -200,8 +200,12 @@ class RayRolloutGenerator:
         return self.ray.get([w.pid.remote() for w in self.workers])
 
     def shutdown(self) -> None:
+        """Stop the actors (a dead one is skipped)."""
         for worker in self.workers:
-            self.ray.kill(worker, no_restart=True)
+            try:
+                self.ray.kill(worker, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone, or Ray already shut down
+                pass
 
 
 def split_groups(prompts: list[list[int]], workers: int) -> list[tuple[int, int]]:
