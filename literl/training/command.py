@@ -15,6 +15,8 @@ examples:
   literl train --preset dapo trainer.steps=100
   literl train --preset grpo algorithm.policy_loss.name=cispo algorithm.policy_loss.params.ub=5.0
   literl train model.path=/models/qwen3-0.6b data.train=math_train data.dir=/data optim.lr=1e-6
+  literl train cluster.address=local cluster.trainer_ranks=2 cluster.rollout_workers=2   # on a local Ray
+                                                               # cluster (docs/scaling.md; needs literl[ray])
   literl train trainer.output_dir=runs/a trainer.resume=true     # continue an interrupted run from its own
                                                                # config.yaml (overrides given apply on top)
 
@@ -62,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(to_yaml(resolve(cfg)))
         return 0
+    from literl.distributed import ClusterError
     from literl.run_lock import DirectoryBusy
     from literl.training.api import run as run_training
     from literl.training.checkpoint import CheckpointError
@@ -75,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         print("literl train: interrupted before a training step finished, so nothing new was saved. Run the same "
               "command again to start (or, with trainer.resume=true, continue) the run.", file=sys.stderr)
         return 130
-    except (FileExistsError, FileNotFoundError, ConfigError, ValueError, DirectoryBusy, CheckpointError) as err:
+    except (FileExistsError, FileNotFoundError, ConfigError, ValueError, DirectoryBusy, CheckpointError,
+            ClusterError) as err:
         print(f"literl train: {err}", file=sys.stderr)
         return 2
     except NonFiniteTraining as err:
