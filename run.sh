@@ -7,6 +7,8 @@
 #   ./run.sh <any literl subcommand> ...    e.g. ./run.sh eval --model runs/latest
 #   ./run.sh vllm-setup                     create .venv-vllm, the vLLM engine's environment (docs/vllm.md);
 #                                           done on first use by `test` and by any command with rollout.engine=vllm
+# Ray (literl[ray], for cluster.address=...) is installed into .venv on first use: by `test`, and by any command
+# that sets cluster.address (or --cluster-address).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -66,6 +68,18 @@ vllm_setup() {
   fi
 }
 
+ray_setup() {
+  "$VENV/bin/python" -c "import ray" 2>/dev/null && return 0
+  echo "[literl] installing Ray into $VENV (pip install -e '.[ray]'; first use only)..." >&2
+  "$VENV/bin/python" -m pip install -q -e ".[ray]" >&2
+}
+wants_ray=0
+[ "$cmd" != test ] || wants_ray=1
+for arg in "$@"; do
+  case "$arg" in cluster.address=null|cluster.address=~) ;; cluster.address=*|--cluster-address*) wants_ray=1 ;; esac
+done
+# The distributed tests skip, saying why, when Ray cannot be installed.
+[ "$wants_ray" = 0 ] || ray_setup || [ "$cmd" = test ]
 wants_vllm=0
 for arg in "$@"; do
   case "$arg" in rollout.engine=vllm) wants_vllm=1 ;; esac

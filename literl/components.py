@@ -38,6 +38,7 @@ from literl.profiles import model_context
 from literl.training.limits import check_max_new_tokens, check_rollout_memory, fit_prompts_to_context, max_positions
 from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
+from literl.training.learner import InProcessLearner
 from literl.training.optim import build_optimizer
 from literl.training.problems import training_problems
 
@@ -55,6 +56,7 @@ class RunComponents:
     # log-probs of the frozen reference policy (KL), when the objective has one (LoRA: the policy, adapters off)
     reference: PolicyForward | AdaptersOff | None
     engine: Any
+    learner: Any                            # the update and the no-grad passes (literl.training.learner)
     objective: Objective
     collector: Collector
     optimizer: torch.optim.Optimizer
@@ -81,7 +83,12 @@ class RunComponents:
         self.console.summary(self.run_dir, eval_results, wall)
 
     def release(self) -> None:
-        """Let another process write to the run directory (called when the run ends, however it ends)."""
+        """Let another process write to the run directory, and stop a cluster's actors (called when the run ends,
+        however it ends)."""
+        for part in (self.engine, self.learner):
+            stop = getattr(part, "shutdown", None)      # the Ray rollout workers and trainer ranks
+            if stop is not None:
+                stop()
         if self.lock is not None:
             self.lock.release()
 
@@ -113,6 +120,10 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
 
 def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryLock, device: torch.device,
               console: Console, *, model, tokenizer, problems, reward_fns) -> RunComponents:
+    if cfg.cluster.address is not None:
+        from literl.distributed import connect
+
+        connect(cfg.cluster)        # Ray missing or a cluster out of reach fails here, before anything slow loads
     _check_reference_path(cfg)
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
     policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
@@ -137,10 +148,7 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
         engine = engine_from_config(cfg, policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
                                     console=console)
     else:
-        engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
-                          dtype=_engine_dtype(cfg),
-                          weights="float8_e4m3" if cfg.rollout.dtype == "float8_e4m3" else None,
-                          decode=cfg.rollout.decode, compile=cfg.rollout.compile, recorder=policy_forward.recorder)
+        engine = HFEngine(policy, **_engine_options(cfg, policy, tokenizer, pad_id), recorder=policy_forward.recorder)
     reference = None
     if objective.needs_reference and is_lora(policy) and not cfg.model.reference:
         # The base model is the policy with its adapters off: no second copy (literl/lora.py).
@@ -176,6 +184,18 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
         record_forward=cfg.trainer.replay_max_gib > 0)
     optimizer, scheduler = build_optimizer(cfg, policy)
     policy_forward.watch(optimizer)
+    learner = InProcessLearner(policy=policy, policy_forward=policy_forward, reference=reference, objective=objective,
+                               optimizer=optimizer, scheduler=scheduler, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+                               max_grad_norm=cfg.optim.max_grad_norm, device=device)
+    if cfg.cluster.address is not None:
+        # Rollout workers and trainer ranks on Ray: the same two protocols (Generator, Learner), other processes.
+        from literl.distributed import start_cluster
+
+        engine, learner = start_cluster(cfg, policy=policy, reference=None if reference is None else reference.model,
+                                        objective=objective,
+                                        engine_options=_engine_options(cfg, policy, tokenizer, pad_id),
+                                        run_dir=run_dir, console=console)
+        collector.engine = engine
     evaluator = build_evaluator(cfg, tokenizer=tokenizer)
     # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
     # the corrected command starts afresh instead of being told to resume.
@@ -189,7 +209,8 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                  + (f" ({trainable:,} trained: LoRA adapters)" if trainable < total else "")
                  + f" | {len(data.problems):,} training problems ({data.description})")
     return RunComponents(cfg=cfg, run_dir=run_dir, device=device, policy=policy, policy_forward=policy_forward,
-                         tokenizer=tokenizer, reference=reference, engine=engine, objective=objective, collector=collector,
+                         tokenizer=tokenizer, reference=reference, engine=engine, learner=learner, objective=objective,
+                         collector=collector,
                          optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
                          diagnostics=diagnostics, lock=lock)
 
@@ -200,6 +221,13 @@ def _quiet_hugging_face() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+
+
+def _engine_options(cfg: Config, policy: torch.nn.Module, tokenizer, pad_id: int) -> dict:
+    """HFEngine's arguments besides the model and the recorder (the same for the rollout workers of a cluster)."""
+    return dict(eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id, dtype=_engine_dtype(cfg),
+                weights="float8_e4m3" if cfg.rollout.dtype == "float8_e4m3" else None, decode=cfg.rollout.decode,
+                compile=cfg.rollout.compile)
 
 
 def _engine_dtype(cfg: Config) -> torch.dtype | None:
@@ -324,7 +352,7 @@ def _point_latest(run_dir: Path) -> None:
 def _warn_config_changes(old: Config, new: Config, console: Console) -> None:
     old_d, new_d = _flatten(_as_dict(old)), _flatten(_as_dict(new))
     ignored = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.output_dir", "trainer.threads",
-               "trainer.compile", "eval.")
+               "trainer.compile", "eval.", "cluster.")
     changed = [k for k in sorted(set(old_d) | set(new_d))
                if old_d.get(k) != new_d.get(k) and not k.startswith(ignored)]
     if changed:

@@ -268,6 +268,23 @@ class EvalConfig:
 
 
 @dataclass
+class ClusterConfig:
+    address: str | None = knob(None, "null: one process (rollout and update in the trainer's process); local: start a "
+                                     "Ray cluster on this machine; else the address of a running Ray cluster, as "
+                                     "ray.init takes it (auto, ray://head:10001, head:6379). Needs pip install "
+                                     "'literl[ray]' (./run.sh installs it on first use)")
+    trainer_ranks: int = knob(1, "trainer ranks: Ray actors forming one torch.distributed group (gloo on CPU, NCCL "
+                                 "on GPU) that train with FSDP2, micro-batches spread over them")
+    rollout_workers: int = knob(1, "rollout workers: Ray actors each holding a rollout engine; a step's prompt groups "
+                                   "are spread over them (a group never spans two)")
+    cpus_per_worker: float = knob(1.0, "CPUs Ray reserves for each trainer rank and rollout worker (and the torch "
+                                       "threads each uses, rounded up)")
+    gpus_per_worker: float = knob(0.0, "GPUs Ray reserves for each trainer rank and rollout worker (0: CPU)")
+    sync_bucket_mb: float = knob(64.0, "weight sync after each optimizer step moves the weights in buckets of at "
+                                       "most this many MB (the extra memory it needs on each side)")
+
+
+@dataclass
 class Config:
     seed: int = knob(0, "seed for sampling, data order and mini-batch shuffling")
     preset: str | None = knob(None, "the preset this config started from (informational)")
@@ -282,7 +299,10 @@ class Config:
     optim: OptimConfig = knob(help="optimizer", factory=OptimConfig)
     trainer: TrainerConfig = knob(help="loop, checkpoints, logging", factory=TrainerConfig)
     eval: EvalConfig = knob(help="held-out evaluation", factory=EvalConfig)
+    cluster: ClusterConfig = knob(help="scale out on Ray: rollout workers and FSDP2 trainer ranks (docs/scaling.md)",
+                                  factory=ClusterConfig)
 
 
 __all__ = ["Config", "ConfigError", "TrickSpec", "trick", "ModelConfig", "LoraSpec", "DataConfig", "RolloutConfig",
-           "VllmConfig", "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig", "EvalConfig"]
+           "VllmConfig", "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig", "EvalConfig",
+           "ClusterConfig"]

@@ -165,6 +165,20 @@ def validate(cfg: Config) -> None:
     for tracker in t.trackers:
         _check(tracker in ("tensorboard", "wandb"), f"trainer.trackers: unknown tracker '{tracker}' "
                                                      "(valid: tensorboard, wandb)")
+    c = cfg.cluster
+    _check(c.address is None or str(c.address).strip() != "",
+           "cluster.address is empty: use null (one process), local, or a Ray cluster's address")
+    _check(c.trainer_ranks >= 1, f"cluster.trainer_ranks={c.trainer_ranks} must be >= 1")
+    _check(c.rollout_workers >= 1, f"cluster.rollout_workers={c.rollout_workers} must be >= 1")
+    _check(c.cpus_per_worker > 0, f"cluster.cpus_per_worker={c.cpus_per_worker} must be > 0")
+    _check(c.gpus_per_worker >= 0, f"cluster.gpus_per_worker={c.gpus_per_worker} must be >= 0 (0: CPU)")
+    _check(c.sync_bucket_mb > 0, f"cluster.sync_bucket_mb={c.sync_bucket_mb} must be > 0")
+    _check(c.address is None or r.engine != "vllm",
+           "cluster.address with rollout.engine=vllm: the rollout workers of a Ray cluster run literl's HF engine "
+           "(a vLLM engine per worker is not built yet); set rollout.engine=hf, or cluster.address=null")
+    _check(c.address is None or cfg.model.lora.rank == 0,
+           "cluster.address with model.lora.rank > 0: the trainer ranks shard a plain model and the rollout workers "
+           "sync its weights; LoRA runs in one process for now (set cluster.address=null, or model.lora.rank=0)")
 
     _check_vllm(r)
 

@@ -20,6 +20,8 @@ examples:
   literl train --model /models/qwen3-0.6b --data math_train --data-dir ../shared/data    # the real-model profile
   literl train --model /models/qwen3-0.6b --data train.jsonl data.chat_template_kwargs.enable_thinking=false
   literl train --import my_tricks algorithm.advantage.name=my_advantage    # a trick registered in my_tricks.py
+  literl train cluster.address=local cluster.trainer_ranks=2 cluster.rollout_workers=2   # on a local Ray
+                                                               # cluster (docs/scaling.md; needs literl[ray])
   literl train trainer.output_dir=runs/a trainer.resume=true     # continue an interrupted run from its own
                                                                # config.yaml (overrides given apply on top)
 
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"[literl] {note}", file=sys.stderr)
         return 0
+    from literl.distributed import ClusterError
     from literl.run_lock import DirectoryBusy
     from literl.training.api import run as run_training
     from literl.training.checkpoint import CheckpointError
@@ -104,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         print("literl train: interrupted before a training step finished, so nothing new was saved. Run the same "
               "command again to start (or, with trainer.resume=true, continue) the run.", file=sys.stderr)
         return 130
-    except (FileExistsError, FileNotFoundError, ConfigError, ValueError, DirectoryBusy, CheckpointError) as err:
+    except (FileExistsError, FileNotFoundError, ConfigError, ValueError, DirectoryBusy, CheckpointError,
+            ClusterError) as err:
         print(f"literl train: {err}", file=sys.stderr)
         return 2
     except NonFiniteTraining as err:

@@ -197,3 +197,11 @@ def test_a_checkpoint_without_an_adapter_is_refused_with_the_fix(tmp_path, char_
     (tmp_path / "damaged" / "model" / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="cannot be read"):
         load_adapter(policy, tmp_path / "damaged" / "model")
+
+
+def test_lora_on_a_ray_cluster_is_refused_at_load_with_the_fix():
+    from literl.registry import ConfigError
+
+    with pytest.raises(ConfigError, match="LoRA runs in one process"):
+        load_config(overrides=[*LORA, "cluster.address=local"])
+    assert load_config(overrides=["cluster.address=local"]).cluster.address == "local"
