@@ -304,5 +304,5 @@ class Config:
 
 
 __all__ = ["Config", "ConfigError", "TrickSpec", "trick", "ModelConfig", "LoraSpec", "DataConfig", "RolloutConfig",
-           "VllmConfig", "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig", "EvalConfig",
-           "ClusterConfig"]
+           "VllmConfig", "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig",
+           "EvalConfig", "ClusterConfig"]

@@ -383,7 +383,8 @@ def resolve(cfg: Config, *, external_model: bool = False, model_context: int | N
         benchmarks = list(profile.benchmarks)
         if profile is profiles.REAL and not profiles.data_dir_available(out.data.dir):
             benchmarks = []
-            notes.append(f"no held-out evaluation: the real-model profile evaluates on {', '.join(profile.benchmarks)}, "
+            notes.append("no held-out evaluation: the real-model profile evaluates on "
+                         f"{', '.join(profile.benchmarks)}, "
                          "read from data.dir (--data-dir) or $LITERL_DATA_DIR, and neither is set; set one, or "
                          "name files or benchmarks with eval.benchmarks=[...]")
     if out.model.lora.rank > 0 and out.trainer.replay_max_gib > 0:

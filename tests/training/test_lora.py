@@ -156,7 +156,8 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_merged_and_adapter(tiny_q
     frozen = [n for n in before if "lora_" not in n]
     assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)
     assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n)
-    assert {id(p) for p in parts.optimizer.param_groups[0]["params"]} == {id(p) for n, p in after.items() if "lora_" in n}
+    adapters = {id(p) for n, p in after.items() if "lora_" in n}
+    assert {id(p) for p in parts.optimizer.param_groups[0]["params"]} == adapters
     final = load_file(str(run_dir / "final" / "model.safetensors"))
     merged = merged_state_dict(parts.policy)
     assert all(torch.equal(final[k], merged[k]) for k in final)
@@ -171,8 +172,9 @@ def test_a_lora_run_resumes_to_the_same_adapters(tiny_qwen3_dir, tmp_path):
     common = [*LORA, "algorithm.kl_coef=0.01", "optim.lr=5e-2"]
     straight = train(load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "a", *common)),
                      reward_fns=[length_reward])
-    train(load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "b", *common, "trainer.steps=1",
-                                                              "trainer.save_every=1")), reward_fns=[length_reward])
+    train(load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "b", *common,
+                                                              "trainer.steps=1", "trainer.save_every=1")),
+          reward_fns=[length_reward])
     resumed = train(load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "b", *common,
                                                                         "trainer.resume=true")),
                     reward_fns=[length_reward])
