@@ -32,7 +32,9 @@ from literl.rollout.hf_engine import HFEngine
 from literl.run_lock import LOCK_NAME, DirectoryLock
 from literl.training.checkpoint import checkpoint_candidates, remove_stale_temporaries
 from literl.training.console import Console
-from literl.evaluation.periodic import build_evaluator
+from literl.evaluation.periodic import build_evaluator, prompt_options_of, prompt_template
+from literl.lora import AdaptersOff, apply_lora, is_lora, lora_enabled
+from literl.profiles import model_context
 from literl.training.limits import check_max_new_tokens, check_rollout_memory, fit_prompts_to_context, max_positions
 from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
@@ -51,7 +53,8 @@ class RunComponents:
     policy: torch.nn.Module
     policy_forward: PolicyForward           # log-probs of the policy (owns the record of the rollout's forward)
     tokenizer: Any
-    reference: PolicyForward | None         # log-probs of the frozen reference policy (KL), when the objective has one
+    # log-probs of the frozen reference policy (KL), when the objective has one (LoRA: the policy, adapters off)
+    reference: PolicyForward | AdaptersOff | None
     engine: Any
     learner: Any                            # the update and the no-grad passes (literl.training.learner)
     objective: Objective
@@ -93,9 +96,12 @@ class RunComponents:
 def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None, tokenizer=None,
                      problems: Sequence[dict] | str | None = None,
                      reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
-    cfg = resolve(cfg, external_model=model is not None)
+    notes: list[str] = []
+    cfg = resolve(cfg, external_model=model is not None, notes=notes, model_context=model_context(model))
     objective = Objective.from_config(cfg)      # a bad trick parameter value fails here, before anything slow loads
     console = console or Console(cfg.trainer.progress)
+    for note in notes:
+        console.note(note)
     _quiet_hugging_face()
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
@@ -121,12 +127,15 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     _check_reference_path(cfg)
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
     policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
+    if lora_enabled(cfg):
+        policy = apply_lora(policy, cfg.model.lora)
     if cfg.trainer.compile and not capabilities(policy).layers:
         console.note(f"trainer.compile=true has no effect on {type(policy).__name__}: it compiles literl's own "
                      "layer-by-layer forward, which runs Llama/Qwen-style decoders only")
     data = training_problems(cfg, problems=problems, testbed=is_testbed)
-    template = "raw" if data.is_testbed else cfg.data.template
-    _check_sizes(cfg, data, policy, tokenizer, template, device, console)
+    template = prompt_template(cfg, testbed_problems=data.is_testbed)
+    prompt_options = prompt_options_of(cfg)
+    _check_sizes(cfg, data, policy, tokenizer, template, prompt_options, device, console)
     pad_id = pad_token_id(tokenizer)
     policy_forward = PolicyForward(policy, temperature=cfg.rollout.temperature, compile=cfg.trainer.compile,
                                    record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
@@ -141,7 +150,11 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     else:
         engine = HFEngine(policy, **_engine_options(cfg, policy, tokenizer, pad_id), recorder=policy_forward.recorder)
     reference = None
-    if objective.needs_reference:
+    if objective.needs_reference and is_lora(policy) and not cfg.model.reference:
+        # The base model is the policy with its adapters off: no second copy (literl/lora.py).
+        reference = AdaptersOff(PolicyForward(policy, temperature=cfg.rollout.temperature,
+                                              compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens))
+    elif objective.needs_reference:
         reference = PolicyForward(_reference_model(cfg, policy, device), temperature=cfg.rollout.temperature,
                                   compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens)
 
@@ -152,14 +165,16 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
 
     def prompt_ids(index: int) -> list[int]:
         if index not in prompt_cache:
-            prompt_cache[index] = render_prompt(data.problems[index]["problem"], tokenizer, template)
+            prompt_cache[index] = render_prompt(data.problems[index]["problem"], tokenizer, template,
+                                                **prompt_options)
         return prompt_cache[index]
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     rewards = RewardSet(_reward_specs(cfg, reward_fns), timeout_s=cfg.reward.timeout_s,
-                        step_timeout_s=cfg.reward.step_timeout_s)
+                        step_timeout_s=cfg.reward.step_timeout_s,
+                        chat_messages=_chat_messages(cfg, tokenizer, template))
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
     collector = Collector(
@@ -181,15 +196,18 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                                         engine_options=_engine_options(cfg, policy, tokenizer, pad_id),
                                         run_dir=run_dir, console=console)
         collector.engine = engine
-    evaluator = build_evaluator(cfg, tokenizer=tokenizer, testbed=data.is_testbed)
+    evaluator = build_evaluator(cfg, tokenizer=tokenizer)
     # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
     # the corrected command starts afresh instead of being told to resume.
     _write_run_config(run_dir, cfg)
     log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(_as_dict(cfg), default=str)),
                      run_name=run_dir.name)
     diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
-    console.note(f"run directory {run_dir} | device {device} | {sum(p.numel() for p in policy.parameters()):,} "
-                 f"parameters | {len(data.problems):,} training problems ({data.description})")
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in policy.parameters())
+    console.note(f"run directory {run_dir} | device {device} | {total:,} parameters"
+                 + (f" ({trainable:,} trained: LoRA adapters)" if trainable < total else "")
+                 + f" | {len(data.problems):,} training problems ({data.description})")
     return RunComponents(cfg=cfg, run_dir=run_dir, device=device, policy=policy, policy_forward=policy_forward,
                          tokenizer=tokenizer, reference=reference, engine=engine, learner=learner, objective=objective,
                          collector=collector,
@@ -285,15 +303,17 @@ def _check_run_dir(run_dir: Path, cfg: Config, console: Console) -> None:
                 _warn_config_changes(saved, cfg, console)
 
 
-def _check_sizes(cfg: Config, data, policy, tokenizer, template: str, device, console: Console) -> None:
+def _check_sizes(cfg: Config, data, policy, tokenizer, template: str, prompt_options: dict, device,
+                 console: Console) -> None:
     """Prompts that cannot fit the model's context are dropped from `data` (or refused); sizes that cannot fit
     the model or the memory at all are refused (literl/training/limits.py)."""
     from literl.data.prompts import render_prompt
 
     check_max_new_tokens(cfg, policy)
     kept, overlong = fit_prompts_to_context(
-        data.problems, lambda i: render_prompt(str(data.problems[i]["problem"]), tokenizer, template), policy,
-        max_new_tokens=cfg.rollout.max_new_tokens, overhead=len(render_prompt("x", tokenizer, template)),
+        data.problems, lambda i: render_prompt(str(data.problems[i]["problem"]), tokenizer, template, **prompt_options),
+        policy, max_new_tokens=cfg.rollout.max_new_tokens,
+        overhead=len(render_prompt("x", tokenizer, template, **prompt_options)),
         on_overlong=cfg.data.overlong_prompts)
     if overlong:
         console.note(f"WARNING: skipped {len(overlong)} of {len(data.problems)} training problems whose prompt + "
@@ -367,11 +387,22 @@ def _reference_model(cfg: Config, policy: torch.nn.Module, device) -> torch.nn.M
 
 
 def _reward_specs(cfg: Config, reward_fns: Sequence | None) -> list[tuple]:
-    """Config reward specs, or functions passed from Python: f, (f, weight) or 'pkg.mod:fn'."""
+    """Config reward specs, or functions passed from Python: f, 'pkg.mod:fn', (f, weight) or
+    (f, weight, convention)."""
     if reward_fns is None:
-        return [(spec.fn, spec.weight) for spec in cfg.reward.fns]
+        return [(spec.fn, spec.weight, spec.convention) for spec in cfg.reward.fns]
     specs = []
     for item in reward_fns:
-        fn, weight = item if isinstance(item, tuple) else (item, 1.0)
-        specs.append((fn, float(weight)))
+        fn, weight, convention = (*item, "auto")[:3] if isinstance(item, tuple) else (item, 1.0, "auto")
+        specs.append((fn, float(weight), convention))
     return specs
+
+
+def _chat_messages(cfg: Config, tokenizer, template: str):
+    """With a chat template, TRL-style reward functions get TRL's conversational format: the prompt messages."""
+    from literl.data.prompts import chat_messages, resolve_template
+
+    if resolve_template(template, tokenizer) != "chat":
+        return None
+    return lambda example: chat_messages(example["problem"], system_prompt=cfg.data.system_prompt or "",
+                                         instruction=cfg.data.instruction)

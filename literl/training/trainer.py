@@ -24,6 +24,7 @@ from literl.config_loader import to_yaml
 from literl.training.checkpoint import (load_latest_checkpoint, non_finite_parameters, restore_rng_state, rng_state,
                                         save_checkpoint, save_model)
 from literl.components import RunComponents
+from literl.lora import final_view
 from literl.training.learning_signal import no_signal_reason
 
 
@@ -108,7 +109,7 @@ class Trainer:
                            f"trainer.resume=true trainer.output_dir={p.run_dir}")
             raise TrainingInterrupted(path)
         self._refuse_non_finite_weights("final/")
-        save_model(p.run_dir / "final", p.learner.policy(), p.tokenizer)
+        save_model(p.run_dir / "final", final_view(p.learner.policy()), p.tokenizer)
         self._evaluate("after")
         p.finish(self.eval_results, steps=self.step)
         return p.run_dir
