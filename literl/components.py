@@ -33,10 +33,13 @@ from literl.provenance import default_threads
 from literl.training.console import Console, LoadWatch
 from literl.run_lock import LOCK_NAME, DirectoryLock
 from literl.training.checkpoint import checkpoint_candidates, remove_stale_temporaries
-from literl.evaluation.periodic import build_evaluator
+from literl.evaluation.periodic import build_evaluator, prompt_options_of, prompt_template
+from literl.lora import AdaptersOff, apply_lora, is_lora, lora_enabled
+from literl.profiles import model_context
 from literl.training.limits import check_max_new_tokens, check_rollout_memory, fit_prompts_to_context, max_positions
 from literl.training.metrics import MetricsLog
 from literl.training.model_loading import eos_token_ids, load_policy, pad_token_id
+from literl.training.learner import InProcessLearner
 from literl.training.optim import build_optimizer
 from literl.training.problems import training_problems
 from literl.training.run_record import Inputs, config_header, record_inputs, write_run_record
@@ -52,8 +55,10 @@ class RunComponents:
     policy: torch.nn.Module
     policy_forward: PolicyForward           # log-probs of the policy (owns the record of the rollout's forward)
     tokenizer: Any
-    reference: PolicyForward | None         # log-probs of the frozen reference policy (KL), when the objective has one
+    # log-probs of the frozen reference policy (KL), when the objective has one (LoRA: the policy, adapters off)
+    reference: PolicyForward | AdaptersOff | None
     engine: Any
+    learner: Any                            # the update and the no-grad passes (literl.training.learner)
     objective: Objective
     collector: Collector
     optimizer: torch.optim.Optimizer
@@ -80,7 +85,12 @@ class RunComponents:
         self.console.summary(self.run_dir, eval_results, wall)
 
     def release(self) -> None:
-        """Let another process write to the run directory (called when the run ends, however it ends)."""
+        """Let another process write to the run directory, and stop a cluster's actors (called when the run ends,
+        however it ends)."""
+        for part in (self.engine, self.learner):
+            stop = getattr(part, "shutdown", None)      # the Ray rollout workers and trainer ranks
+            if stop is not None:
+                stop()
         if self.lock is not None:
             self.lock.release()
 
@@ -90,11 +100,14 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
                      reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
     # What Python passed in that a config can name goes into the config; run.json describes the rest.
     cfg, inputs = record_inputs(cfg, model=model, tokenizer=tokenizer, problems=problems, reward_fns=reward_fns)
-    cfg = resolve(cfg, external_model=model is not None)
+    notes: list[str] = []
+    cfg = resolve(cfg, external_model=model is not None, notes=notes, model_context=model_context(model))
     objective = Objective.from_config(cfg)      # a bad trick parameter value fails here, before anything slow loads
     threads = cfg.trainer.threads or default_threads()
     console = console or Console(cfg.trainer.progress, plain_every=cfg.trainer.log_every,
                                  watch=LoadWatch(threads=threads))
+    for note in notes:
+        console.note(note)
     _quiet_hugging_face()
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
@@ -112,15 +125,22 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
 
 def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryLock, device: torch.device,
               console: Console, inputs: Inputs, *, model, tokenizer, problems, reward_fns) -> RunComponents:
+    if cfg.cluster.address is not None:
+        from literl.distributed import connect
+
+        connect(cfg.cluster)        # Ray missing or a cluster out of reach fails here, before anything slow loads
     _check_reference_path(cfg)
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
     policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
+    if lora_enabled(cfg):
+        policy = apply_lora(policy, cfg.model.lora)
     if cfg.trainer.compile and not capabilities(policy).layers:
         console.note(f"trainer.compile=true has no effect on {type(policy).__name__}: it compiles literl's own "
                      "layer-by-layer forward, which runs Llama/Qwen-style decoders only")
     data = training_problems(cfg, problems=problems, testbed=is_testbed)
-    template = "raw" if data.is_testbed else cfg.data.template
-    _check_sizes(cfg, data, policy, tokenizer, template, device, console)
+    template = prompt_template(cfg, testbed_problems=data.is_testbed)
+    prompt_options = prompt_options_of(cfg)
+    _check_sizes(cfg, data, policy, tokenizer, template, prompt_options, device, console)
     pad_id = pad_token_id(tokenizer)
     policy_forward = PolicyForward(policy, temperature=cfg.rollout.temperature, compile=cfg.trainer.compile,
                                    record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
@@ -133,12 +153,13 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
         engine = engine_from_config(cfg, policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
                                     console=console)
     else:
-        engine = HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
-                          dtype=_engine_dtype(cfg),
-                          weights="float8_e4m3" if cfg.rollout.dtype == "float8_e4m3" else None,
-                          decode=cfg.rollout.decode, compile=cfg.rollout.compile, recorder=policy_forward.recorder)
+        engine = HFEngine(policy, **_engine_options(cfg, policy, tokenizer, pad_id), recorder=policy_forward.recorder)
     reference = None
-    if objective.needs_reference:
+    if objective.needs_reference and is_lora(policy) and not cfg.model.reference:
+        # The base model is the policy with its adapters off: no second copy (literl/lora.py).
+        reference = AdaptersOff(PolicyForward(policy, temperature=cfg.rollout.temperature,
+                                              compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens))
+    elif objective.needs_reference:
         reference = PolicyForward(_reference_model(cfg, policy, device), temperature=cfg.rollout.temperature,
                                   compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens)
 
@@ -149,14 +170,16 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
 
     def prompt_ids(index: int) -> list[int]:
         if index not in prompt_cache:
-            prompt_cache[index] = render_prompt(data.problems[index]["problem"], tokenizer, template)
+            prompt_cache[index] = render_prompt(data.problems[index]["problem"], tokenizer, template,
+                                                **prompt_options)
         return prompt_cache[index]
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     rewards = RewardSet(_reward_specs(cfg, reward_fns), timeout_s=cfg.reward.timeout_s,
-                        step_timeout_s=cfg.reward.step_timeout_s)
+                        step_timeout_s=cfg.reward.step_timeout_s,
+                        chat_messages=_chat_messages(cfg, tokenizer, template))
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
     collector = Collector(
@@ -166,17 +189,33 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
         record_forward=cfg.trainer.replay_max_gib > 0)
     optimizer, scheduler = build_optimizer(cfg, policy)
     policy_forward.watch(optimizer)
-    evaluator = build_evaluator(cfg, tokenizer=tokenizer, testbed=data.is_testbed)
+    learner = InProcessLearner(policy=policy, policy_forward=policy_forward, reference=reference, objective=objective,
+                               optimizer=optimizer, scheduler=scheduler, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+                               max_grad_norm=cfg.optim.max_grad_norm, device=device)
+    if cfg.cluster.address is not None:
+        # Rollout workers and trainer ranks on Ray: the same two protocols (Generator, Learner), other processes.
+        from literl.distributed import start_cluster
+
+        engine, learner = start_cluster(cfg, policy=policy, reference=None if reference is None else reference.model,
+                                        objective=objective,
+                                        engine_options=_engine_options(cfg, policy, tokenizer, pad_id),
+                                        run_dir=run_dir, console=console)
+        collector.engine = engine
+    evaluator = build_evaluator(cfg, tokenizer=tokenizer)
     # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
     # the corrected command starts afresh instead of being told to resume.
     _write_run_config(run_dir, cfg, inputs, engine)
     log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(_as_dict(cfg), default=str)),
                      run_name=run_dir.name)
     diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
-    console.note(f"run directory {run_dir} | device {device} | {sum(p.numel() for p in policy.parameters()):,} "
-                 f"parameters | {len(data.problems):,} training problems ({data.description})")
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in policy.parameters())
+    console.note(f"run directory {run_dir} | device {device} | {total:,} parameters"
+                 + (f" ({trainable:,} trained: LoRA adapters)" if trainable < total else "")
+                 + f" | {len(data.problems):,} training problems ({data.description})")
     return RunComponents(cfg=cfg, run_dir=run_dir, device=device, policy=policy, policy_forward=policy_forward,
-                         tokenizer=tokenizer, reference=reference, engine=engine, objective=objective, collector=collector,
+                         tokenizer=tokenizer, reference=reference, engine=engine, learner=learner, objective=objective,
+                         collector=collector,
                          optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
                          diagnostics=diagnostics, lock=lock)
 
@@ -187,6 +226,13 @@ def _quiet_hugging_face() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+
+
+def _engine_options(cfg: Config, policy: torch.nn.Module, tokenizer, pad_id: int) -> dict:
+    """HFEngine's arguments besides the model and the recorder (the same for the rollout workers of a cluster)."""
+    return dict(eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id, dtype=_engine_dtype(cfg),
+                weights="float8_e4m3" if cfg.rollout.dtype == "float8_e4m3" else None, decode=cfg.rollout.decode,
+                compile=cfg.rollout.compile)
 
 
 def _engine_dtype(cfg: Config) -> torch.dtype | None:
@@ -263,15 +309,17 @@ def _check_run_dir(run_dir: Path, cfg: Config, console: Console) -> None:
                 _warn_config_changes(saved, cfg, console)
 
 
-def _check_sizes(cfg: Config, data, policy, tokenizer, template: str, device, console: Console) -> None:
+def _check_sizes(cfg: Config, data, policy, tokenizer, template: str, prompt_options: dict, device,
+                 console: Console) -> None:
     """Prompts that cannot fit the model's context are dropped from `data` (or refused); sizes that cannot fit
     the model or the memory at all are refused (literl/training/limits.py)."""
     from literl.data.prompts import render_prompt
 
     check_max_new_tokens(cfg, policy)
     kept, overlong = fit_prompts_to_context(
-        data.problems, lambda i: render_prompt(str(data.problems[i]["problem"]), tokenizer, template), policy,
-        max_new_tokens=cfg.rollout.max_new_tokens, overhead=len(render_prompt("x", tokenizer, template)),
+        data.problems, lambda i: render_prompt(str(data.problems[i]["problem"]), tokenizer, template, **prompt_options),
+        policy, max_new_tokens=cfg.rollout.max_new_tokens,
+        overhead=len(render_prompt("x", tokenizer, template, **prompt_options)),
         on_overlong=cfg.data.overlong_prompts)
     if overlong:
         console.note(f"WARNING: skipped {len(overlong)} of {len(data.problems)} training problems whose prompt + "
@@ -314,7 +362,7 @@ def _point_latest(run_dir: Path) -> None:
 def _warn_config_changes(old: Config, new: Config, console: Console) -> None:
     old_d, new_d = _flatten(_as_dict(old)), _flatten(_as_dict(new))
     ignored = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.output_dir", "trainer.threads",
-               "trainer.compile", "eval.", "trainer.log_every")
+               "trainer.compile", "eval.", "cluster.", "trainer.log_every")
     changed = [k for k in sorted(set(old_d) | set(new_d))
                if old_d.get(k) != new_d.get(k) and not k.startswith(ignored)]
     if changed:
@@ -349,11 +397,22 @@ def _reference_model(cfg: Config, policy: torch.nn.Module, device) -> torch.nn.M
 
 
 def _reward_specs(cfg: Config, reward_fns: Sequence | None) -> list[tuple]:
-    """Config reward specs, or functions passed from Python: f, (f, weight) or 'pkg.mod:fn'."""
+    """Config reward specs, or functions passed from Python: f, 'pkg.mod:fn', (f, weight) or
+    (f, weight, convention)."""
     if reward_fns is None:
-        return [(spec.fn, spec.weight) for spec in cfg.reward.fns]
+        return [(spec.fn, spec.weight, spec.convention) for spec in cfg.reward.fns]
     specs = []
     for item in reward_fns:
-        fn, weight = item if isinstance(item, tuple) else (item, 1.0)
-        specs.append((fn, float(weight)))
+        fn, weight, convention = (*item, "auto")[:3] if isinstance(item, tuple) else (item, 1.0, "auto")
+        specs.append((fn, float(weight), convention))
     return specs
+
+
+def _chat_messages(cfg: Config, tokenizer, template: str):
+    """With a chat template, TRL-style reward functions get TRL's conversational format: the prompt messages."""
+    from literl.data.prompts import chat_messages, resolve_template
+
+    if resolve_template(template, tokenizer) != "chat":
+        return None
+    return lambda example: chat_messages(example["problem"], system_prompt=cfg.data.system_prompt or "",
+                                         instruction=cfg.data.instruction)

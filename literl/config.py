@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from literl.data.prompts import INSTRUCTION
 from literl.registry import ConfigError
 
 
@@ -38,24 +39,52 @@ def trick(name: str, **params) -> TrickSpec:
 
 
 @dataclass
+class LoraSpec:
+    rank: int = knob(0, "LoRA rank r through peft (pip install 'literl[lora]'); 0: no LoRA, every weight trains")
+    alpha: float = knob(16.0, "LoRA alpha: the adapter's output is scaled by alpha / rank")
+    target_modules: list[str] = knob(help="modules that get adapters, e.g. [q_proj,k_proj,v_proj,o_proj]; "
+                                          "[all-linear]: every linear layer but the output head",
+                                     factory=lambda: ["all-linear"])
+    dropout: float = knob(0.0, "dropout on the adapter's input, in [0, 1) (active in the update only, so the "
+                               "on-policy ratio is not exactly 1 when > 0)")
+
+
+@dataclass
 class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory (or hub id when the hub is reachable). "
                                   "null: the embedded testbed model")
     testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro | moe (a tiny "
                                 "Qwen3-MoE, 8 experts, 2 per token, warmed up like base: docs/testbed.md)")
+    profile: str = knob("auto", "defaults for the keys left null (response length, sampling, lr, eval benchmarks, "
+                                "system prompt): testbed | real (the seed study's setup, algorithms.md §8.1, with "
+                                "max_new_tokens capped by the model's context) | auto (real for a Hugging Face "
+                                "model: model.path set or a model passed to literl.train; literl/profiles.py)")
     dtype: str = knob("float32", "training precision: float32 | bfloat16")
-    reference: str | None = knob(None, "reference model for KL; null: a frozen copy of the starting policy")
+    reference: str | None = knob(None, "reference model for KL; null: a frozen copy of the starting policy (with "
+                                       "LoRA: the policy with its adapters switched off, no copy)")
+    lora: LoraSpec = knob(help="LoRA adapters (literl/lora.py): only they train; final/ holds the merged "
+                               "model and final/adapter/", factory=LoraSpec)
 
 
 @dataclass
 class DataConfig:
-    train: str | None = knob(None, "training problems: a .jsonl/.parquet file, a benchmark name in data.dir, or "
-                                   "a Hugging Face dataset id. null: the testbed's train split")
+    train: str | None = knob(None, "training problems: a .jsonl file, a benchmark name in data.dir, a .parquet "
+                                   "file or a Hugging Face dataset id (these two: pip install 'literl[hub]'). null: "
+                                   "the testbed's train split")
     dir: str | None = knob(None, "data directory for benchmark names (else $LITERL_DATA_DIR)")
     problem_field: str = knob("problem", "field holding the problem text")
     answer_field: str = knob("answer", "field holding the gold answer")
     id_field: str = knob("id", "field holding a row id (row number when absent)")
-    template: str = knob("auto", "prompt template: auto | plain | chat | raw (the testbed always uses raw)")
+    template: str = knob("auto", "prompt template: auto (the tokenizer's declared one, e.g. raw for the testbed; else "
+                                 "chat if it has a chat template; else plain) | plain | chat | raw")
+    system_prompt: str | None = knob(None, "system message of chat prompts ('' for none); null: the profile's "
+                                           "(real: the seed study's 'Please reason step by step, and put your final "
+                                           "answer within \\boxed{}.'; testbed: none)")
+    instruction: str = knob(INSTRUCTION, "text after the problem, on its own line, in plain and chat prompts ('' for "
+                                         "none); a chat prompt whose system prompt is this same text does not "
+                                         "repeat it")
+    chat_template_kwargs: dict[str, Any] = knob(help="extra arguments of the tokenizer's chat template, e.g. "
+                                                     "{enable_thinking: false} for Qwen3", factory=dict)
     difficulty: str = knob("mixed", "testbed training tier: easy | medium | hard | mixed")
     size: int = knob(20000, "testbed training problems to generate")
     limit: int | None = knob(None, "use only the first N training problems (N >= 1); null: all of them")
@@ -90,10 +119,14 @@ class RolloutConfig:
                              "process and environment, settings in rollout.vllm; docs/vllm.md)")
     prompts_per_step: int = knob(32, "P: prompts per rollout batch")
     group_size: int = knob(8, "G: samples per prompt")
-    temperature: float = knob(1.0, "sampling temperature, > 0 (the log-probs of every policy use it too)")
-    top_p: float = knob(1.0, "nucleus sampling threshold in (0, 1]; 1.0 disables it")
-    top_k: int = knob(0, "top-k sampling; 0 disables it")
-    max_new_tokens: int = knob(64, "generation cap; a response that reaches it without EOS is truncated")
+    temperature: float | None = knob(None, "sampling temperature, > 0 (the log-probs of every policy use it too); "
+                                           "null: the profile's (testbed 1.0, real 0.99)")
+    top_p: float | None = knob(None, "nucleus sampling threshold in (0, 1]; 1.0 disables it; null: the profile's "
+                                     "(testbed 1.0, real 0.99)")
+    top_k: int | None = knob(None, "top-k sampling; 0 disables it; null: the profile's (testbed 0, real 100)")
+    max_new_tokens: int | None = knob(None, "generation cap; a response that reaches it without EOS is truncated; "
+                                            "null: the profile's (testbed 64; real 8192, capped by the model's "
+                                            "context)")
     dtype: str = knob("float32", "rollout precision: float32 | bfloat16 | float8_e4m3. bfloat16 makes a real "
                                  "training–inference mismatch to study IS corrections on CPU; float8_e4m3 rounds the "
                                  "engine's projection weights to FP8 E4M3 (a scale per output channel) and computes in "
@@ -111,8 +144,11 @@ class RolloutConfig:
 @dataclass
 class RewardFnSpec:
     fn: str = knob("literl.rewards.math_answer:math_accuracy",
-                   "import path `package.module:function` of f(response, example) -> float")
+                   "import path `package.module:function` of a reward function (literl, TRL or verl style)")
     weight: float = knob(1.0, "weight of this function in the summed score")
+    convention: str = knob("auto", "how it is called: auto (read off its signature) | literl f(response, example) | "
+                                   "trl f(prompts, completions, **columns) -> list | verl compute_score(data_source, "
+                                   "solution_str, ground_truth, extra_info); literl/rewards/conventions.py")
 
 
 @dataclass
@@ -170,9 +206,8 @@ class AlgorithmConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float | None = knob(None, "AdamW learning rate; null: 1e-6 for a Hugging Face model, from model.path "
-                                  "or passed to literl.train (the LitePPO paper's value), the testbed's tuned "
-                                  "value for the testbed")
+    lr: float | None = knob(None, "AdamW learning rate; null: the profile's (real: 1e-6, the LitePPO paper's value; "
+                                  "testbed: 5e-5, tuned on the testbed)")
     weight_decay: float = knob(0.0, "AdamW weight decay")
     betas: list[float] = knob(help="AdamW betas: two numbers in [0, 1)", factory=lambda: [0.9, 0.999])
     eps: float = knob(1e-8, "AdamW epsilon")
@@ -224,8 +259,9 @@ class TrainerConfig:
 @dataclass
 class EvalConfig:
     every: int = knob(25, "held-out evaluation every N steps, besides before and after training (0: only those)")
-    benchmarks: list[str] = knob(help="benchmarks to evaluate on; 'testbed' is the testbed's held-out split",
-                                 factory=lambda: ["testbed"])
+    benchmarks: list[str] | None = knob(None, "benchmarks to evaluate on ('testbed' is the testbed's held-out "
+                                              "split); null: the profile's (testbed: [testbed]; real: math500, "
+                                              "aime24, aime25, amc23, minerva, olympiadbench from data.dir)")
     samples: int = knob(4, "samples per problem (accuracy is their average)")
     temperature: float | None = knob(None, "sampling temperature, > 0; null: rollout.temperature (greedy "
                                              "accuracy comes from eval.greedy)")
@@ -236,9 +272,29 @@ class EvalConfig:
 
 
 @dataclass
+class ClusterConfig:
+    address: str | None = knob(None, "null: one process (rollout and update in the trainer's process); local: start a "
+                                     "Ray cluster on this machine; else the address of a running Ray cluster, as "
+                                     "ray.init takes it (auto, ray://head:10001, head:6379). Needs pip install "
+                                     "'literl[ray]' (./run.sh installs it on first use)")
+    trainer_ranks: int = knob(1, "trainer ranks: Ray actors forming one torch.distributed group (gloo on CPU, NCCL "
+                                 "on GPU) that train with FSDP2, micro-batches spread over them")
+    rollout_workers: int = knob(1, "rollout workers: Ray actors each holding a rollout engine; a step's prompt groups "
+                                   "are spread over them (a group never spans two)")
+    cpus_per_worker: float = knob(1.0, "CPUs Ray reserves for each trainer rank and rollout worker (and the torch "
+                                       "threads each uses, rounded up)")
+    gpus_per_worker: float = knob(0.0, "GPUs Ray reserves for each trainer rank and rollout worker (0: CPU)")
+    sync_bucket_mb: float = knob(64.0, "weight sync after each optimizer step moves the weights in buckets of at "
+                                       "most this many MB (the extra memory it needs on each side)")
+
+
+@dataclass
 class Config:
     seed: int = knob(0, "seed for sampling, data order and mini-batch shuffling")
     preset: str | None = knob(None, "the preset this config started from (informational)")
+    imports: list[str] = knob(help="modules (or .py files) imported before the config is checked, so the tricks and "
+                                   "reward functions they register are usable by name; --import adds to it "
+                                   "(literl/plugins.py, docs/custom-tricks.md)", factory=list)
     model: ModelConfig = knob(help="policy model", factory=ModelConfig)
     data: DataConfig = knob(help="training problems", factory=DataConfig)
     rollout: RolloutConfig = knob(help="sampling", factory=RolloutConfig)
@@ -247,7 +303,10 @@ class Config:
     optim: OptimConfig = knob(help="optimizer", factory=OptimConfig)
     trainer: TrainerConfig = knob(help="loop, checkpoints, logging", factory=TrainerConfig)
     eval: EvalConfig = knob(help="held-out evaluation", factory=EvalConfig)
+    cluster: ClusterConfig = knob(help="scale out on Ray: rollout workers and FSDP2 trainer ranks (docs/scaling.md)",
+                                  factory=ClusterConfig)
 
 
-__all__ = ["Config", "ConfigError", "TrickSpec", "trick", "ModelConfig", "DataConfig", "RolloutConfig", "VllmConfig",
-           "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig", "EvalConfig"]
+__all__ = ["Config", "ConfigError", "TrickSpec", "trick", "ModelConfig", "LoraSpec", "DataConfig", "RolloutConfig",
+           "VllmConfig", "RewardConfig", "RewardFnSpec", "AlgorithmConfig", "OptimConfig", "TrainerConfig",
+           "EvalConfig", "ClusterConfig"]

@@ -34,20 +34,30 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="lite_ppo", help="preset to resolve (default: lite_ppo)")
     parser.add_argument("--config", dest="config_file", help="YAML file layered over the preset")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
+    from literl.plugins import add_import_argument
+
+    add_import_argument(parser)
 
 
 def run_config(args: argparse.Namespace) -> int:
     from literl.config_loader import explain, load_config, resolve, to_yaml
+    from literl.plugins import import_user_modules, imports_override, load_entry_points, with_imports
     from literl.registry import ConfigError
 
-    if args.explain:
-        print(explain())
-        return 0
     from literl.objective import Objective
 
     try:
-        cfg = load_config(preset=None if args.preset == "none" else args.preset, config_file=args.config_file,
-                          overrides=args.overrides)
+        load_entry_points()
+        import_user_modules(args.imports)
+        if args.explain:
+            print(explain())
+            return 0
+        preset = None if args.preset == "none" else args.preset
+        overrides = list(args.overrides)
+        if args.imports:
+            base = load_config(preset=preset, config_file=args.config_file, overrides=overrides)
+            overrides.append(imports_override(with_imports(base.imports, args.imports)))
+        cfg = load_config(preset=preset, config_file=args.config_file, overrides=overrides)
         Objective.from_config(cfg)      # values a trick rejects only when it runs
     except (ConfigError, ValueError) as err:
         print(f"literl config: {err}", file=sys.stderr)

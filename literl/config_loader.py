@@ -18,11 +18,10 @@ from yaml import YAMLError
 
 from literl.config import Config, TrickSpec
 from literl.config_rules import MULTI_TRICKS, SINGLE_TRICKS, validate
+from literl.profiles import HF_MODEL_LR, TESTBED_LR  # noqa: F401 - re-exported (tests, older imports)
 from literl.registry import ConfigError
 
 PRESET_DIR = "configs/presets"
-TESTBED_LR = 5e-5      # tuned on the testbed (docs/testbed.md); 3e-4 collapsed it in the prototype
-HF_MODEL_LR = 1e-6     # LitePPO paper §3.1
 TRICK_MAP_EXAMPLES = {"loss_masks": {"overlong": {}}, "reward_shaping": {"rescale": {"low": -1}}}
 
 
@@ -350,21 +349,58 @@ def _valid_keys(dotted_parent: str) -> list[str]:
     return [f.name for f in dataclasses.fields(node)]
 
 
-def resolve(cfg: Config, *, external_model: bool = False) -> Config:
-    """Fill the 'auto' values that depend on other keys, so the saved config says exactly what ran.
+def resolve(cfg: Config, *, external_model: bool = False, model_context: int | None = None,
+            notes: list[str] | None = None) -> Config:
+    """Fill the values left null (or 'auto') from the profile and other keys, so the saved config says exactly
+    what ran (literl/profiles.py has the profiles).
 
     external_model: the policy comes from the caller (`literl.train(cfg, model=...)`: a Hugging Face model
     object or directory) rather than from cfg.model, so model.path cannot tell it from the testbed.
+    model_context: the policy's maximum positions (read from model.path's config.json when not given); the
+    real profile's response length is capped to fit it. notes: receives what the caller should tell the user.
     """
-    out = dataclasses.replace(cfg)
-    if out.optim.lr is None:
-        hf_model = external_model or out.model.path is not None
-        out.optim = dataclasses.replace(out.optim, lr=HF_MODEL_LR if hf_model else TESTBED_LR)
+    from literl import profiles
+
+    notes = notes if notes is not None else []
+    hf_model = external_model or cfg.model.path is not None
+    profile = profiles.choose_profile(cfg.model.profile, hf_model=hf_model)
+    out = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, profile=profile.name))
+    r = out.rollout
+    max_new_tokens = r.max_new_tokens
+    if max_new_tokens is None:
+        context = model_context if model_context is not None else profiles.model_context(cfg.model.path)
+        max_new_tokens, note = profiles.response_budget(profile, context)
+        if note:
+            notes.append(note)
+    out.rollout = dataclasses.replace(
+        r, max_new_tokens=max_new_tokens, temperature=_or(r.temperature, profile.temperature),
+        top_p=_or(r.top_p, profile.top_p), top_k=_or(r.top_k, profile.top_k))
+    out.optim = dataclasses.replace(out.optim, lr=_or(out.optim.lr, profile.lr))
+    out.data = dataclasses.replace(out.data, system_prompt=_or(out.data.system_prompt, profile.system_prompt))
     ev = out.eval
+    benchmarks = ev.benchmarks
+    if benchmarks is None:
+        benchmarks = list(profile.benchmarks)
+        if profile is profiles.REAL and not profiles.data_dir_available(out.data.dir):
+            benchmarks = []
+            notes.append("no held-out evaluation: the real-model profile evaluates on "
+                         f"{', '.join(profile.benchmarks)}, "
+                         "read from data.dir (--data-dir) or $LITERL_DATA_DIR, and neither is set; set one, or "
+                         "name files or benchmarks with eval.benchmarks=[...]")
+    if out.model.lora.rank > 0 and out.trainer.replay_max_gib > 0:
+        # A record keeps plain linear projections (literl.model.record.can_record): LoRA layers have none to keep,
+        # and a replay of the base weights would leave the adapters out.
+        out.trainer = dataclasses.replace(out.trainer, replay_max_gib=0.0)
+        notes.append("trainer.replay_max_gib=0: with LoRA the update computes its forward instead of replaying the "
+                     "rollout's (the replay reads the base weights, without the adapters)")
     out.eval = dataclasses.replace(
-        ev, temperature=ev.temperature if ev.temperature is not None else out.rollout.temperature,
-        max_new_tokens=ev.max_new_tokens if ev.max_new_tokens is not None else out.rollout.max_new_tokens)
+        ev, benchmarks=benchmarks, temperature=_or(ev.temperature, out.rollout.temperature),
+        max_new_tokens=_or(ev.max_new_tokens, out.rollout.max_new_tokens))
     return out
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def to_yaml(cfg: Config) -> str:

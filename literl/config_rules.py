@@ -32,6 +32,7 @@ CHOICES = {
     "data.template": ("auto", "plain", "chat", "raw"),
     "data.difficulty": ("easy", "medium", "hard", "mixed"),
     "model.testbed": ("base", "aligned", "micro", "moe"),
+    "model.profile": ("auto", "testbed", "real"),
     "algorithm.aggregation_normaliser": ("global", "local"),
     "data.overlong_prompts": ("skip", "error"),
 }
@@ -78,9 +79,13 @@ def _check_finite(node, prefix: str = "") -> None:
 
 def validate(cfg: Config) -> None:
     """Every rule about which values and tricks work together, in one function."""
+    from literl.plugins import import_user_modules, load_entry_points
     from literl.tricks import ALL
 
     _check_finite(cfg)
+    # The user's own tricks register when their modules import: before any name is checked.
+    load_entry_points()
+    import_user_modules(cfg.imports)
     algo = cfg.algorithm
     context = {"max_new_tokens": cfg.rollout.max_new_tokens}    # what Objective.from_config fills in
     for field_name, axis in SINGLE_TRICKS.items():
@@ -96,12 +101,16 @@ def validate(cfg: Config) -> None:
 
     r, t, o, ev = cfg.rollout, cfg.trainer, cfg.optim, cfg.eval
     _check(r.prompts_per_step >= 1 and r.group_size >= 1, "rollout.prompts_per_step and rollout.group_size must be >= 1")
-    _check(r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+    # null: the profile's value (literl/profiles.py), filled by config_loader.resolve.
+    _check(r.max_new_tokens is None or r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1, or null for the "
+                                                              "profile's")
     # Sampling settings are otherwise checked only when the first rollout starts, after the model has loaded.
-    _check(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 (the log-probs are divided by it); "
-                              "use a small value such as 0.1 for near-greedy sampling")
-    _check(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
-    _check(r.top_k >= 0, f"rollout.top_k={r.top_k} must be >= 0; 0 disables top-k sampling")
+    _check(r.temperature is None or r.temperature > 0,
+           f"rollout.temperature={r.temperature} must be > 0 (the log-probs are divided by it); use a small value "
+           "such as 0.1 for near-greedy sampling")
+    _check(r.top_p is None or 0 < r.top_p <= 1,
+           f"rollout.top_p={r.top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
+    _check(r.top_k is None or r.top_k >= 0, f"rollout.top_k={r.top_k} must be >= 0; 0 disables top-k sampling")
     _check(ev.temperature is None or ev.temperature > 0,
            f"eval.temperature={ev.temperature} must be > 0, or null for rollout.temperature; greedy accuracy "
            "is reported separately by eval.greedy=true")
@@ -148,9 +157,30 @@ def validate(cfg: Config) -> None:
     _check(len(cfg.reward.fns) >= 1, "reward.fns needs at least one function (the first decides accuracy)")
     for fn in cfg.reward.fns:
         _check(":" in fn.fn, f"reward fn '{fn.fn}' must be an import path 'package.module:function'")
+        _check(fn.convention in ("auto", "literl", "trl", "verl"),
+               f"reward fn '{fn.fn}': convention={fn.convention!r} is not one of: auto, literl, trl, verl")
+    lora = cfg.model.lora
+    _check(lora.rank >= 0, f"model.lora.rank={lora.rank} must be >= 0 (0 turns LoRA off)")
+    _check(lora.alpha > 0, f"model.lora.alpha={lora.alpha} must be > 0")
+    _check(0 <= lora.dropout < 1, f"model.lora.dropout={lora.dropout} must be in [0, 1)")
+    _check(len(lora.target_modules) >= 1, "model.lora.target_modules needs at least one module name, or [all-linear]")
     for tracker in t.trackers:
         _check(tracker in ("tensorboard", "wandb"), f"trainer.trackers: unknown tracker '{tracker}' "
                                                      "(valid: tensorboard, wandb)")
+    c = cfg.cluster
+    _check(c.address is None or str(c.address).strip() != "",
+           "cluster.address is empty: use null (one process), local, or a Ray cluster's address")
+    _check(c.trainer_ranks >= 1, f"cluster.trainer_ranks={c.trainer_ranks} must be >= 1")
+    _check(c.rollout_workers >= 1, f"cluster.rollout_workers={c.rollout_workers} must be >= 1")
+    _check(c.cpus_per_worker > 0, f"cluster.cpus_per_worker={c.cpus_per_worker} must be > 0")
+    _check(c.gpus_per_worker >= 0, f"cluster.gpus_per_worker={c.gpus_per_worker} must be >= 0 (0: CPU)")
+    _check(c.sync_bucket_mb > 0, f"cluster.sync_bucket_mb={c.sync_bucket_mb} must be > 0")
+    _check(c.address is None or r.engine != "vllm",
+           "cluster.address with rollout.engine=vllm: the rollout workers of a Ray cluster run literl's HF engine "
+           "(a vLLM engine per worker is not built yet); set rollout.engine=hf, or cluster.address=null")
+    _check(c.address is None or cfg.model.lora.rank == 0,
+           "cluster.address with model.lora.rank > 0: the trainer ranks shard a plain model and the rollout workers "
+           "sync its weights; LoRA runs in one process for now (set cluster.address=null, or model.lora.rank=0)")
 
     _check_vllm(r)
 

@@ -59,6 +59,22 @@ class MetricAccumulator:
             elif weight > 0:
                 self._mean[key] = self._mean.get(key, Ratio(0.0, 0.0)) + Ratio(value * weight, float(weight))
 
+    def merge(self, other: "MetricAccumulator") -> None:
+        """Add the micro-batches another accumulator saw of the same open mini-batch (another trainer rank's
+        share): as if this accumulator had been given them itself."""
+        if other._loss:
+            raise ValueError("merge takes the micro-batches of one open mini-batch (the other accumulator has "
+                             "closed mini-batches)")
+        for key, value in other._mean.items():
+            self._mean[key] = self._mean.get(key, Ratio(0.0, 0.0)) + value
+        for key, value in other._pooled.items():
+            self._pooled[key] = self._pooled[key] + value if key in self._pooled else value
+        for key, value in other._extreme.items():
+            pick = max if _reduction(key) == "max" else min
+            self._extreme[key] = pick(self._extreme.get(key, value), value)
+        for key, value in other._minibatch_sum.items():
+            self._minibatch_sum[key] = self._minibatch_sum.get(key, 0.0) + value
+
     def end_minibatch(self) -> None:
         """Close one optimizer step: its loss/* sums become one sample of the mean over mini-batches."""
         self._loss = self._closed_losses()

@@ -62,6 +62,10 @@ class Objective:
         """Build every axis from a full `Config` (the run's max_new_tokens is context for some tricks), and run it
         once on a tiny synthetic batch (`self_check`), so that a parameter value no trick can run with fails
         here, not at step 300."""
+        if cfg.rollout.max_new_tokens is None:      # not resolved yet: the profile's value (literl/profiles.py)
+            from literl.config_loader import resolve  # noqa: PLC0415 - config_loader's rules import this module
+
+            cfg = resolve(cfg)
         a = cfg.algorithm
         ctx = {"max_new_tokens": cfg.rollout.max_new_tokens}
 

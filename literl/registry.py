@@ -150,7 +150,9 @@ class Registry:
     def _unknown_message(self, name: str) -> str:
         close = difflib.get_close_matches(str(name), self.names(), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        return f"unknown {self.axis} '{name}'.{hint} Valid names: {', '.join(self.names())}."
+        return (f"unknown {self.axis} '{name}'.{hint} Valid names: {', '.join(self.names())}. A {self.axis} of your "
+                f"own: register it in a module and name the module with --import MODULE (or imports=[MODULE]); "
+                f"see docs/custom-tricks.md.")
 
 
 def _parse_range(text: str, owner: str, param: str, params: dict[str, Any]) -> list[tuple[str, float | str]]:

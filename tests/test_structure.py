@@ -132,6 +132,15 @@ def _stdlib() -> set[str]:
     return set(sys.stdlib_module_names) | {"__future__"}
 
 
+def test_only_literl_distributed_imports_ray():
+    """Ray is an optional part: a single-process run never imports it, so only the cluster package may."""
+    offenders = sorted(name for name, path in MODULES.items()
+                       if any(imported == "ray" or imported.startswith("ray.") for imported in _imported(path))
+                       and not (name == "literl.distributed" or name.startswith("literl.distributed.")))
+    assert offenders == []
+    assert any(imported == "ray" for imported in _imported(MODULES["literl.distributed.cluster"]))
+
+
 def test_the_layer_body_is_written_once():
     """Exactly one file refers to a layer's post-attention norm: every pass runs the one body."""
     files = [str(path.relative_to(PACKAGE.parent)) for path in MODULES.values()

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="validate the spec and print the runs, run nothing")
     parser.add_argument("--no-report", action="store_true", help="write summary.json but not report.html")
     parser.add_argument("--list", action="store_true", help="list the shipped specs and exit")
+    from literl.plugins import add_import_argument
+
+    add_import_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     console = Console(stderr=True)
     try:
-        spec = load_spec(args.spec, extra_base=args.overrides)
+        spec = load_spec(args.spec, extra_base=_with_import_flags(args))
         out_dir = Path(args.out) if args.out else ablation.default_out_dir(spec)
         runs = spec.plan(out_dir)
         steps = check_configs(spec, out_dir)
@@ -106,6 +109,21 @@ def _run_locked(args, spec, out_dir: Path, runs, steps, console) -> int:
 def _count(items, noun: str) -> str:
     n = items if isinstance(items, int) else len(items)
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _with_import_flags(args: argparse.Namespace) -> list[str]:
+    """The command's overrides, plus `imports=[...]` listing the spec's own imports and the --import modules, so
+    every run (a `literl train` subprocess) imports them before its config is checked."""
+    from literl.arena.spec import load_spec
+    from literl.config_loader import load_config
+    from literl.plugins import import_user_modules, imports_override, with_imports
+
+    if not args.imports:
+        return list(args.overrides)
+    import_user_modules(args.imports)
+    spec = load_spec(args.spec, extra_base=args.overrides)
+    existing = load_config(overrides=[o for o in spec.base if o.split("=", 1)[0].strip() == "imports"]).imports
+    return [*args.overrides, imports_override(with_imports(existing, args.imports))]
 
 
 def _list_specs() -> int:

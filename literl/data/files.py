@@ -28,8 +28,11 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if suffix == ".json":
         return _read_json_list(path)
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ImportError(f"reading {path} needs pyarrow: pip install 'literl[hub]' (or pip install pyarrow), "
+                              "or convert the file to .jsonl") from None
         return pq.read_table(path).to_pylist()
     raise ValueError(f"cannot read {path}: unknown file type {suffix!r}; use one of {', '.join(ROW_FILE_SUFFIXES)}")
 

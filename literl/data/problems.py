@@ -93,7 +93,10 @@ def _read_source(source: str, *, data_dir, split) -> tuple[list[dict], str, str]
 def _read_hub_dataset(dataset_id: str, split: str) -> list[dict]:
     try:
         import datasets
-
+    except ImportError:
+        raise ImportError(f"loading the Hugging Face dataset {dataset_id!r} needs the datasets library: pip install "
+                          "'literl[hub]' (./run.sh test installs it), or pass a local .jsonl file") from None
+    try:
         return list(datasets.load_dataset(dataset_id, split=split))
     except Exception as exc:  # noqa: BLE001 - the hub client raises many types; all mean "could not load"
         raise RuntimeError(

@@ -29,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to write the results JSON (default: eval-<time>.json in the current directory)")
     parser.add_argument("--save-responses", action="store_true",
                         help="also store every response text in the JSON (large)")
+    parser.add_argument("--cluster-address", default=None, metavar="ADDRESS",
+                        help="sample on rollout workers of a Ray cluster: local (start one here) or a running "
+                             "cluster's address, as cluster.address in training (needs pip install 'literl[ray]')")
+    parser.add_argument("--rollout-workers", type=int, default=1, metavar="W",
+                        help="rollout workers with --cluster-address (default: 1)")
     add_model_and_sampling_arguments(parser, max_new_tokens=1024, temperature=0.6, top_p=0.95)
     from literl.data.benchmarks import benchmark_names
 
@@ -76,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         check_counts(args)
         sampling = sampling_params(args)
         model_dir, engine, tokenizer = load_engine(args.model, dtype=args.dtype, device=args.device)
+        if getattr(args, "cluster_address", None):
+            engine = cluster_engine(engine, args)
         problem_sets = {s.name: s for s in load_problem_sets(args.benchmarks, args)}
         template = resolve_template(args.template, tokenizer)
     except (FileNotFoundError, ValueError, RuntimeError) as err:
@@ -89,6 +96,19 @@ def run(args: argparse.Namespace) -> int:
     print_results(result)
     print(f"results written to {output}")
     return 0
+
+
+def cluster_engine(engine, args: argparse.Namespace):
+    """The same engine's settings on `--rollout-workers` Ray actors (literl.distributed.rollout)."""
+    from literl.config_loader import load_config
+    from literl.distributed import connect
+    from literl.distributed.rollout import RayRolloutGenerator
+
+    cfg = load_config(overrides=[f"cluster.address={args.cluster_address}", f"cluster.rollout_workers={args.rollout_workers}",
+                                 f"model.dtype={args.dtype}"])
+    ray = connect(cfg.cluster)
+    options = dict(eos_token_ids=engine.eos_token_ids, pad_id=engine.pad_id)
+    return RayRolloutGenerator(ray, cfg, policy=engine.model.cpu(), engine_options=options)
 
 
 def check_counts(args: argparse.Namespace) -> None:

@@ -10,6 +10,11 @@ Per benchmark (problems i = 1..N, K samples each, c_i correct):
     maj@k  = (1/N) Σ_i maj_at_k(answers_i, correct_i, k)        same k
     mean_response_tokens, truncation_rate (responses stopped by max_new_tokens), no_answer_rate
 plus one record per problem. pass@1 equals avg@K (the unbiased estimator with k = 1).
+
+Standard errors (`standard_error`, per benchmark): of avg@K, the standard error of the mean of the per-problem
+averages p_i = c_i / K, sqrt(Σ_i (p_i − avg@K)² / (N (N − 1))), which covers the sampling of problems and of
+responses (problems are clusters). `mean` (with more than one benchmark): the unweighted mean of avg@K over the
+benchmarks, as papers report their average, with SE sqrt(Σ_b SE_b²) / B. `metrics.SE_METHOD` states it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import torch
 
 from literl.data.files import write_json_atomic
 from literl.data.prompts import render_prompt, resolve_template
-from literl.evaluation.metrics import avg_at_k, k_values, maj_at_k, pass_at_k
+from literl.evaluation.metrics import (SE_METHOD, avg_at_k, k_values, maj_at_k, mean_with_standard_error, pass_at_k,
+                                      standard_error_of_mean)
 from literl.rewards.math_answer import extract_final_answer, math_accuracy
 from literl.rollout.generator import Generator, SamplingParams
 
@@ -36,14 +42,15 @@ def evaluate(generator: Generator, tokenizer: Any, benchmarks: Mapping[str, Sequ
              seed: int = 0, score_fn: Callable[[str, dict], float] = math_accuracy,
              progress: ProgressCallback | None = None, show_progress: bool = False,
              keep_responses: bool = False, output_path: str | Path | None = None,
-             metadata: Mapping[str, Any] | None = None, device: str | torch.device | None = None
-             ) -> dict[str, Any]:
+             metadata: Mapping[str, Any] | None = None, device: str | torch.device | None = None,
+             prompt_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate on each benchmark (name → problem records with "id", "problem", "answer").
 
     Sampling is reproducible: benchmark `name` uses a generator seeded with seed + crc32(name), so its
     numbers do not depend on which other benchmarks run. `device` is where that generator lives (the
     engine's device; inferred from `generator.model` when not given). The result is a JSON-ready dict,
-    also written atomically to `output_path` when given.
+    also written atomically to `output_path` when given. `prompt_options` (system_prompt, instruction,
+    chat_template_kwargs) go to `render_prompt`.
     """
     if samples < 1 or batch_size < 1:
         raise ValueError(f"samples and batch_size must be >= 1 (got samples={samples}, batch_size={batch_size})")
@@ -57,7 +64,7 @@ def evaluate(generator: Generator, tokenizer: Any, benchmarks: Mapping[str, Sequ
             results[name] = _evaluate_benchmark(
                 generator, tokenizer, list(problems), sampling=sampling, samples=samples,
                 template=resolved_template, batch_size=batch_size, rng=rng, score_fn=score_fn,
-                keep_responses=keep_responses, report=lambda done, total, name=name: report(name, done, total))
+                keep_responses=keep_responses, prompt_options=dict(prompt_options or {}), report=lambda done, total, name=name: report(name, done, total))
             skipped = getattr(problems, "skipped_ids", None)
             if skipped:
                 results[name]["skipped_ids"] = list(skipped)
@@ -70,14 +77,20 @@ def evaluate(generator: Generator, tokenizer: Any, benchmarks: Mapping[str, Sequ
         "seconds": round(time.monotonic() - started, 2),
         "benchmarks": results,
     }
+    if len(results) > 1 and all(bench["num_problems"] for bench in results.values()):
+        key = f"avg@{samples}"
+        mean, error = mean_with_standard_error([b["metrics"][key] for b in results.values()],
+                                               [b["standard_error"][key] for b in results.values()])
+        result["mean"] = {"benchmarks": list(results), key: mean, "standard_error": {key: error}}
+    result["settings"]["standard_error"] = SE_METHOD
     if output_path is not None:
         write_json_atomic(output_path, result)
     return result
 
 
 def _evaluate_benchmark(generator, tokenizer, problems: list[dict], *, sampling, samples, template, batch_size,
-                        rng, score_fn, keep_responses, report) -> dict[str, Any]:
-    prompts = [render_prompt(p["problem"], tokenizer, template) for p in problems]
+                        rng, score_fn, keep_responses, report, prompt_options) -> dict[str, Any]:
+    prompts = [render_prompt(p["problem"], tokenizer, template, **prompt_options) for p in problems]
     jobs = [(i, j) for i in range(len(problems)) for j in range(samples)]   # a problem's samples side by side
     outcome: dict[tuple[int, int], tuple[str, int, bool]] = {}
     report(0, len(jobs))
@@ -121,10 +134,12 @@ def _summarise(records: list[dict], samples: int) -> dict[str, Any]:
         for k in k_values(samples):
             metrics[f"maj@{k}"] = sum(maj_at_k(r["extracted"], r["correct"], k) for r in records) / n
     total = max(1, n * samples)
+    per_problem = [r["num_correct"] / samples for r in records]
     return {
         "num_problems": n,
         "samples": samples,
         "metrics": metrics,
+        "standard_error": {f"avg@{samples}": standard_error_of_mean(per_problem)},
         "mean_response_tokens": sum(sum(r["response_tokens"]) for r in records) / total,
         "truncation_rate": sum(sum(r["truncated"]) for r in records) / total,
         "no_answer_rate": sum(sum(a is None for a in r["extracted"]) for r in records) / total,
@@ -140,27 +155,46 @@ def flat_metrics(result: Mapping[str, Any], prefix: str = "eval") -> dict[str, f
             flat[f"{prefix}/{name}/{key}"] = float(value)
         for key in ("mean_response_tokens", "truncation_rate", "no_answer_rate"):
             flat[f"{prefix}/{name}/{key}"] = float(bench[key])
+        for key, value in bench.get("standard_error", {}).items():
+            if value is not None:
+                flat[f"{prefix}/{name}/{key}_se"] = float(value)
     return flat
 
 
 def results_table(result: Mapping[str, Any]):
-    """A rich table: one row per benchmark, accuracies in percent (pass@1 is avg@K, so it is not repeated)."""
+    """A rich table: one row per benchmark, accuracies in percent (pass@1 is avg@K, so it is not repeated), the
+    standard error of avg@K beside it, and the mean over the benchmarks when there are several."""
     from rich.table import Table
 
     samples = result["settings"]["samples"]
-    keys = [f"avg@{samples}", *(f"pass@{k}" for k in k_values(samples) if k > 1), f"maj@{samples}"]
+    headline = f"avg@{samples}"
+    keys = [*(f"pass@{k}" for k in k_values(samples) if k > 1), f"maj@{samples}"]
     table = Table(title=f"evaluation: {samples} samples per problem, template {result['settings']['template']}, "
-                        "accuracies in %")
+                        "accuracies in % (± one standard error over problems and samples)")
     table.add_column("benchmark", no_wrap=True)
-    for key in ["n", *keys, "tokens", "trunc%", "no box%"]:
+    for key in ["n", f"{headline} ± SE", *keys, "tokens", "trunc%", "no box%"]:
         table.add_column(key, justify="right", no_wrap=True)
     for name, bench in result["benchmarks"].items():
         m = bench["metrics"]
         table.add_row(name, str(bench["num_problems"]),
-                      *("-" if m.get(key) is None else f"{100 * m[key]:.1f}" for key in keys),
+                      _with_error(m.get(headline), bench.get("standard_error", {}).get(headline)),
+                      *(_percent(m.get(key)) for key in keys),
                       f"{bench['mean_response_tokens']:.0f}", f"{100 * bench['truncation_rate']:.0f}",
                       f"{100 * bench['no_answer_rate']:.0f}")
+    mean = result.get("mean")
+    if mean:
+        table.add_section()
+        table.add_row(f"mean of {len(mean['benchmarks'])}", "",
+                      _with_error(mean[headline], mean["standard_error"][headline]), *("" for _ in keys), "", "", "")
     return table
+
+
+def _percent(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _with_error(value, error) -> str:
+    return _percent(value) if value is None or error is None else f"{100 * value:.1f} ± {100 * error:.1f}"
 
 
 def print_results(result: Mapping[str, Any], console=None) -> None:

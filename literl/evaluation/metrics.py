@@ -1,10 +1,11 @@
-"""Per-problem metrics over n sampled responses: pass@k, avg@k, maj@k.
+"""Per-problem metrics over n sampled responses: pass@k, avg@k, maj@k; standard errors of their means.
 
 Averaged over the problems of a benchmark by `evaluate.py`.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Sequence
 
@@ -75,3 +76,33 @@ def k_values(samples: int) -> list[int]:
     if ks[-1] != samples:
         ks.append(samples)
     return ks
+
+
+SE_METHOD = ("standard error of the mean of per-problem averages, sqrt(sum_i (p_i - mean)^2 / (N (N - 1))) over "
+             "the N problems' p_i = c_i / K: problems are the clusters, so it covers both which problems were drawn "
+             "and which samples each got (the clustered SE of Miller 2024, arXiv:2411.00640, with equal cluster "
+             "sizes); for the mean over B benchmarks, sqrt(sum_b SE_b^2) / B (benchmarks independent)")
+
+
+def standard_error_of_mean(values: Sequence[float]) -> float | None:
+    """sqrt(Σ (v − mean)² / (N (N − 1))): the standard error of the mean of N values; None for N < 2.
+
+    Over per-problem accuracies p_i = c_i / K this is the clustered standard error of avg@K (problems are the
+    clusters, their K samples the observations; see SE_METHOD).
+    """
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n * (n - 1)))
+
+
+def mean_with_standard_error(means: Sequence[float], errors: Sequence[float | None]) -> tuple[float, float | None]:
+    """The unweighted mean of B benchmark scores (as papers report their 'average') and its standard error
+    sqrt(Σ SE_b²) / B, treating the benchmarks as independent; the SE is None when any SE_b is."""
+    if not means:
+        raise ValueError("mean_with_standard_error needs at least one benchmark")
+    mean = sum(means) / len(means)
+    if any(e is None for e in errors):
+        return mean, None
+    return mean, math.sqrt(sum(e * e for e in errors)) / len(means)

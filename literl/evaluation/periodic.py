@@ -15,7 +15,8 @@ from literl.rollout.generator import SamplingParams
 TESTBED_BENCHMARK = "testbed"
 
 
-def build_evaluator(cfg, *, tokenizer, testbed: bool) -> Callable:
+def build_evaluator(cfg, *, tokenizer) -> Callable:
+    """Evaluation over cfg.eval.benchmarks (resolved: a list), prompted as training prompts are."""
     from literl.data.problems import load_problems
     from literl.evaluation.evaluate import evaluate, flat_metrics
 
@@ -25,10 +26,10 @@ def build_evaluator(cfg, *, tokenizer, testbed: bool) -> Callable:
         if name == TESTBED_BENCHMARK:
             from literl.testbed.tasks import heldout_problems
 
-            benchmarks[name] = (heldout_problems(ev.limit or 200), "raw")
+            benchmarks[name] = (heldout_problems(ev.limit or 200), prompt_template(cfg, testbed_problems=True))
         else:
-            rows = load_problems(name, data_dir=cfg.data.dir, limit=ev.limit)
-            benchmarks[name] = (rows, "raw" if testbed else cfg.data.template)
+            benchmarks[name] = (load_problems(name, data_dir=cfg.data.dir, limit=ev.limit), cfg.data.template)
+    prompt_options = prompt_options_of(cfg)
     temperature = ev.temperature if ev.temperature is not None else cfg.rollout.temperature
     max_new_tokens = ev.max_new_tokens or cfg.rollout.max_new_tokens
     sampled = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
@@ -44,6 +45,7 @@ def build_evaluator(cfg, *, tokenizer, testbed: bool) -> Callable:
                 with _progress(progress, f"eval {name}{' greedy' if label else ''}", total) as advance:
                     result = evaluate(engine, tokenizer, {name: problems}, sampling=params, samples=k,
                                       template=template, seed=cfg.seed, batch_size=256,
+                                      prompt_options=prompt_options,
                                       progress=lambda _b, done, _t, a=advance: a(done))
                 bench = result["benchmarks"][name]
                 out[f"{name}/{label}accuracy"] = float(bench["metrics"][f"avg@{k}"])
@@ -52,6 +54,19 @@ def build_evaluator(cfg, *, tokenizer, testbed: bool) -> Callable:
         return out
 
     return run
+
+
+def prompt_template(cfg, *, testbed_problems: bool) -> str:
+    """The testbed profile prompts the testbed's arithmetic verbatim (raw), whatever the tokenizer; otherwise
+    data.template decides (auto: the tokenizer's declared template, its chat template, or plain)."""
+    return "raw" if testbed_problems and cfg.model.profile == "testbed" else cfg.data.template
+
+
+def prompt_options_of(cfg) -> dict:
+    """The prompt settings of a (resolved) config, as `render_prompt` takes them."""
+    d = cfg.data
+    return {"system_prompt": d.system_prompt or "", "instruction": d.instruction,
+            "chat_template_kwargs": dict(d.chat_template_kwargs)}
 
 
 class _progress:

@@ -160,7 +160,10 @@ def prefill_by_layers(model: torch.nn.Module, prompts: DistinctPrompts, *, compi
 def cache_keyword(module: torch.nn.Module) -> str:
     """The name a Hugging Face forward takes its cache by: `cache` since transformers 5.2x (`past_key_values` is
     deprecated there, removed in 5.40), `past_key_values` before. A subclass whose forward only passes **kwargs on
-    takes it by its parent's name."""
+    takes it by its parent's name; a wrapper that hands its call to a base model (peft's LoRA model) by the base
+    model's name."""
+    if callable(getattr(module, "get_base_model", None)):
+        module = module.get_base_model()
     for forward in [module.forward] + [klass.forward for klass in type(module).__mro__ if "forward" in vars(klass)]:
         parameters = inspect.signature(forward).parameters
         for name in ("cache", "past_key_values"):

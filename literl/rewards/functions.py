@@ -1,7 +1,12 @@
 """Pluggable reward functions and their weighted combination.
 
-A reward function is any `f(response: str, example: dict) -> float` importable by path
-(`package.module:function`); `example` is the problem record (`id`, `problem`, `answer`, other fields).
+A reward function is importable by path (`package.module:function`) or passed as a callable, in any of three
+conventions told apart by its signature (`conventions.py`):
+
+    literl  f(response: str, example: dict) -> float            example: the problem record (id, problem, answer, ...)
+    trl     f(prompts, completions, **columns) -> list[float]   TRL's GRPOTrainer reward functions, batched
+    verl    compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
+
 The default is `literl.rewards.math_answer:math_accuracy`.
 
     score_b   = Σ_i w_i · f_i(response_b, example_b)
@@ -13,9 +18,10 @@ and kind, and training goes on. All the checks of one `score` call (a step's res
 `step_timeout_s`: once it is spent, the remaining slow checks are not run and score 0 as timeouts, so a
 collapsed policy repeating hostile answers cannot stall a step for minutes. To bound its time, an ordinary
 function runs in isolated worker processes that are killed at the deadline (`isolation.py`), at ~0.05 ms of
-overhead per call. A function that bounds its own time (marked with `@time_bounded`, like `math_accuracy`) is
-called in-process, takes the deadline as keyword `timeout_s`, and costs nothing extra: the testbed's integer
-answers are scored in microseconds.
+overhead per call (a TRL-style function scores the batch in one worker call, bounded by `timeout_s` per
+response and by the step's budget). A function that bounds its own time (marked with `@time_bounded`, like
+`math_accuracy`) is called in-process, takes the deadline as keyword `timeout_s`, and costs nothing extra: the
+testbed's integer answers are scored in microseconds.
 
 Metrics per function `<name>` (the function's name): `reward/<name>/mean`, `reward/<name>/timeouts`,
 `reward/<name>/errors` (counts in this batch).
@@ -23,7 +29,6 @@ Metrics per function `<name>` (the function's name): `reward/<name>/mean`, `rewa
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import time
@@ -33,27 +38,27 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from literl.rewards.conventions import (call_literl, call_trl, call_verl, check_trl_columns, detect_convention,
+                                       trl_columns)
 from literl.rewards.isolation import CallOutcome, IsolatedRunner, resolve_function
 
 DEFAULT_REWARD_FN = "literl.rewards.math_answer:math_accuracy"
+_WORKER_CALLS = {"verl": "literl.rewards.conventions:call_verl_by_path",
+                 "trl": "literl.rewards.conventions:call_trl_by_path"}
 
 
 class RewardWarning(UserWarning):
     """A reward function failed or timed out on some responses (they scored 0)."""
 
 
-def load_reward_fn(path: str) -> Callable[[str, dict], float]:
-    """Import the reward function named `package.module:function` and check that it takes (response, example)."""
+def load_reward_fn(path: str, convention: str = "auto") -> Callable:
+    """Import the reward function named `package.module:function` and check that its signature follows one
+    convention (`convention`, or the one its signature shows when "auto")."""
     if str(path).startswith("__main__:"):
         raise ValueError(f"reward function {path!r} lives in __main__, which worker processes cannot import; "
                          "move it into a module and name it as 'package.module:function'")
     fn = resolve_function(path)
-    try:
-        inspect.signature(fn).bind("response", {})
-    except TypeError as exc:
-        raise ValueError(f"reward function {path!r} must accept (response: str, example: dict): {exc}") from exc
-    except ValueError:
-        pass    # builtins without a signature: let the first call tell
+    detect_convention(fn, convention, name=path)
     return fn
 
 
@@ -64,13 +69,20 @@ class _Entry:
     weight: float
     fn: Callable
     in_process: bool
+    convention: str = "literl"
 
 
 class RewardSet:
-    """Weighted reward functions: `score(responses, examples) -> (scores_B, correct_B, metrics)`."""
+    """Weighted reward functions: `score(responses, examples) -> (scores_B, correct_B, metrics)`.
 
-    def __init__(self, fns: Sequence[tuple[str | Callable, float]], *, timeout_s: float = 5.0,
-                 n_workers: int | None = None, step_timeout_s: float | None = None):
+    fns: (function or path, weight) pairs, or (function or path, weight, convention) triples where the
+    convention is auto | literl | trl | verl. chat_messages: when prompts are rendered with a chat template,
+    maps a problem record to its prompt messages, and TRL-style functions then get TRL's conversational format
+    (prompts as message lists, completions as [{"role": "assistant", "content": text}]).
+    """
+
+    def __init__(self, fns: Sequence[tuple], *, timeout_s: float = 5.0, n_workers: int | None = None,
+                 step_timeout_s: float | None = None, chat_messages: Callable[[dict], list[dict]] | None = None):
         if not fns:
             raise ValueError(f"RewardSet needs at least one (function path, weight) pair, e.g. "
                              f"[({DEFAULT_REWARD_FN!r}, 1.0)]")
@@ -80,7 +92,8 @@ class RewardSet:
         if step_timeout_s is not None and step_timeout_s <= 0:
             raise ValueError(f"reward step_timeout_s must be > 0 or None (got {step_timeout_s})")
         self.step_timeout_s = step_timeout_s
-        self.entries = [self._entry(path, weight) for path, weight in fns]
+        self.entries = [self._entry(*spec) for spec in fns]
+        self.chat_messages = chat_messages
         names = [e.name for e in self.entries]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -91,11 +104,11 @@ class RewardSet:
         self._warned: set[tuple[str, str]] = set()
 
     @staticmethod
-    def _entry(fn_or_path: str | Callable, weight: float) -> _Entry:
+    def _entry(fn_or_path: str | Callable, weight: float, convention: str = "auto") -> _Entry:
         if not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"weight of reward function {fn_or_path!r} must be a finite number (got {weight!r})")
         if isinstance(fn_or_path, str):
-            fn, path = load_reward_fn(fn_or_path), fn_or_path
+            fn, path = load_reward_fn(fn_or_path, convention), fn_or_path
         elif callable(fn_or_path):
             fn, path = fn_or_path, _import_path(fn_or_path)
         else:
@@ -108,7 +121,8 @@ class RewardSet:
                           "__main__), so it cannot run in a worker process: it runs in-process WITHOUT a time "
                           "limit. Define it at module level in an importable module to bound its time.",
                           RewardWarning, stacklevel=3)
-        return _Entry(name, path or name, float(weight), fn, bounded or path is None)
+        convention = detect_convention(fn, convention, name=path or name)
+        return _Entry(name, path or name, float(weight), fn, bounded or path is None, convention)
 
     def score(self, responses: Sequence[str], examples: Sequence[dict]
               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
@@ -132,11 +146,54 @@ class RewardSet:
 
     def _values(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict], deadline: float
                 ) -> tuple[list[float], int, int]:
+        if entry.convention == "trl":
+            return self._values_batched(entry, responses, examples, deadline)
         if entry.in_process:
             return self._values_in_process(entry, responses, examples, deadline)
+        if entry.convention == "literl":
+            outcomes = self._workers().map(entry.path, list(zip(responses, examples)), self.timeout_s,
+                                           deadline=deadline)
+        else:
+            outcomes = self._workers().map(_WORKER_CALLS[entry.convention],
+                                           [(entry.path, r, ex) for r, ex in zip(responses, examples)], self.timeout_s,
+                                           deadline=deadline)
+        return self._tally(entry, outcomes)
+
+    def _workers(self) -> IsolatedRunner:
         if self._runner is None:
-            self._runner = IsolatedRunner(self.n_workers)
-        outcomes = self._runner.map(entry.path, list(zip(responses, examples)), self.timeout_s, deadline=deadline)
+            # A function called through an adapter is imported when the worker starts (not timed), as
+            # `IsolatedRunner` does for functions it calls directly.
+            adapted = [e.path.partition(":")[0] for e in self.entries
+                       if e.convention != "literl" and not e.in_process]
+            self._runner = IsolatedRunner(self.n_workers, preload=list(dict.fromkeys(adapted)))
+        return self._runner
+
+    def _values_batched(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict], deadline: float
+                        ) -> tuple[list[float], int, int]:
+        """A TRL-style function scores the whole batch in one call, bounded by timeout_s per response and by
+        the step's budget (`deadline`)."""
+        if not responses:
+            return [], 0, 0
+        columns = trl_columns(examples)
+        check_trl_columns(entry.fn, columns, name=entry.path)
+        if self.chat_messages is None:
+            prompts, completions = [ex["problem"] for ex in examples], list(responses)
+        else:
+            prompts = [self.chat_messages(ex) for ex in examples]
+            completions = [[{"role": "assistant", "content": r}] for r in responses]
+        if entry.in_process:
+            try:
+                outcome = CallOutcome("ok", call_trl(entry.fn, prompts, completions, columns))
+            except Exception as exc:  # noqa: BLE001 - a failing reward must not stop training
+                outcome = CallOutcome("error", error=f"{type(exc).__name__}: {exc}")
+        else:
+            outcome = self._workers().map(_WORKER_CALLS["trl"], [(entry.path, prompts, completions, columns)],
+                                          self.timeout_s * len(responses), deadline=deadline)[0]
+        if outcome.status != "ok":
+            return self._tally(entry, [outcome] * len(responses))
+        return self._tally(entry, [CallOutcome("ok", v) for v in outcome.value])
+
+    def _tally(self, entry: _Entry, outcomes: Sequence[CallOutcome]) -> tuple[list[float], int, int]:
         values, timeouts, errors = [], 0, 0
         for outcome in outcomes:
             value, problem = _as_reward(outcome)
@@ -157,7 +214,9 @@ class RewardSet:
             # The per-check bound, or what is left of the step's budget (0: only the function's cheap checks).
             kwargs = {"timeout_s": max(0.0, min(self.timeout_s, deadline - time.monotonic()))} if bounded else {}
             try:
-                value, problem = _as_reward(CallOutcome("ok", entry.fn(response, example, **kwargs)))
+                result = (call_literl(entry.fn, response, example, **kwargs) if entry.convention == "literl"
+                          else call_verl(entry.fn, response, example))
+                value, problem = _as_reward(CallOutcome("ok", result))
             except Exception as exc:  # noqa: BLE001 - a failing reward must not stop training
                 value, problem = 0.0, f"{type(exc).__name__}: {exc}"
             values.append(value)

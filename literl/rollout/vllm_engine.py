@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
+from literl.lora import is_lora, merged_state_dict, save_merged
 from literl.model.moe import ROLLOUT_ROUTES
 from literl.rollout.generator import Generation, SamplingParams
 from literl.rollout.vllm_process import EngineProcess, VllmEngineError, engine_python
@@ -116,6 +117,9 @@ class VllmEngine:
 
     # -------------------------------------------------------------------------------------------- lifecycle
     def _save_model(self, policy: torch.nn.Module, model_dir: str) -> None:
+        if is_lora(policy):     # vLLM loads the merged model (base weights + adapters), literl/lora.py
+            save_merged(policy, model_dir, safe_serialization=True)
+            return
         policy.save_pretrained(model_dir, safe_serialization=True)
 
     def _llm_kwargs(self, *, seed, gpu_memory_utilization, kv_cache_gib, tensor_parallel_size, enforce_eager,
@@ -281,10 +285,12 @@ def _seeds(count: int, rng: torch.Generator | None) -> list[int]:
 
 
 def _unique_tensors(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The policy's state under checkpoint names, a tied tensor once (under its first name: the embedding)."""
+    """The policy's state under checkpoint names, a tied tensor once (under its first name: the embedding); for a
+    LoRA policy the merged weights under the base model's names."""
     seen: set[int] = set()
     out = {}
-    for name, tensor in policy.state_dict().items():
+    state = merged_state_dict(policy) if is_lora(policy) else policy.state_dict()
+    for name, tensor in state.items():
         key = tensor.data_ptr()
         if key in seen:
             continue

@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from literl.data.files import write_text_atomic
+from literl.lora import is_lora, load_adapter_state
 
 STEP_NAME = re.compile(r"step_\d+")
 REQUIRED_STATE = ("step", "optimizer", "scheduler", "rng", "stream")
@@ -274,6 +275,9 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> dict:
     missing_keys = [k for k in REQUIRED_STATE if not isinstance(state, dict) or k not in state]
     if missing_keys:
         raise CheckpointError(f"{state_file} is not a literl trainer state (missing {', '.join(missing_keys)})")
+    if is_lora(model):      # a LoRA policy: its checkpoints hold the adapter only
+        load_adapter(model, path / "model")
+        return state
     weights = sorted((path / "model").glob("*.safetensors"))
     if not weights:
         raise CheckpointError(f"checkpoint {path} has no model weights ({path / 'model'}/*.safetensors)")
@@ -290,6 +294,23 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> dict:
         raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
                            f"unexpected {unexpected[:5]}; resume with the run's own model.path")
     return state
+
+
+def load_adapter(model: torch.nn.Module, directory: Path) -> None:
+    """Restore a LoRA policy's adapters from a checkpoint's model folder (written by peft's save_pretrained). A
+    damaged or missing adapter file is a CheckpointError (resume falls back to the previous checkpoint); a
+    checkpoint of a run without LoRA, or with other LoRA settings, is a RuntimeError naming the fix."""
+    path = directory / "adapter_model.safetensors"
+    if not path.is_file():
+        if any(directory.glob("model*.safetensors")):
+            raise RuntimeError(f"{directory} holds a full model and no adapter_model.safetensors, so it is a "
+                               "checkpoint of a run without LoRA; resume it with model.lora.rank=0")
+        raise CheckpointError(f"checkpoint {directory.parent} has no adapter weights ({path})")
+    try:
+        weights = load_file(str(path))
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error type
+        raise CheckpointError(f"{path} cannot be read ({type(err).__name__}: {err})") from None
+    load_adapter_state(model, weights, directory)
 
 
 def _numpy_rng_globals() -> list:

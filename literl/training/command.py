@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from literl.plugins import add_import_argument, with_imports
 
 DEFAULT_PRESET = "lite_ppo"
 
@@ -14,7 +17,11 @@ examples:
   literl train                                   # the embedded testbed with the lite_ppo preset
   literl train --preset dapo trainer.steps=100
   literl train --preset grpo algorithm.policy_loss.name=cispo algorithm.policy_loss.params.ub=5.0
-  literl train model.path=/models/qwen3-0.6b data.train=math_train data.dir=/data optim.lr=1e-6
+  literl train --model /models/qwen3-0.6b --data math_train --data-dir ../shared/data    # the real-model profile
+  literl train --model /models/qwen3-0.6b --data train.jsonl data.chat_template_kwargs.enable_thinking=false
+  literl train --import my_tricks algorithm.advantage.name=my_advantage    # a trick registered in my_tricks.py
+  literl train cluster.address=local cluster.trainer_ranks=2 cluster.rollout_workers=2   # on a local Ray
+                                                               # cluster (docs/scaling.md; needs literl[ray])
   literl train trainer.output_dir=runs/a trainer.resume=true     # continue an interrupted run from its own
                                                                # config.yaml (overrides given apply on top)
 
@@ -30,24 +37,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and a preset given here is layered over it")
     parser.add_argument("--config", dest="config_file", help="YAML file layered over the preset")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--model", help="a Hugging Face model directory (sets model.path; chooses the real-model "
+                                        "profile: model.profile)")
+    parser.add_argument("--data", help="training problems: a .jsonl/.parquet file, a benchmark name (e.g. math_train) "
+                                       "or a hub dataset id (sets data.train)")
+    parser.add_argument("--data-dir", help="folder holding the benchmark files, e.g. ../shared/data (sets data.dir; "
+                                           "default $LITERL_DATA_DIR)")
+    add_import_argument(parser)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted config overrides, applied last (e.g. trainer.steps=20 seed=1)")
 
 
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """--model / --data / --data-dir as key=value overrides (JSON-quoted: any path is a YAML string). They come
+    first, so a key=value given on the same line wins."""
+    pairs = (("model.path", args.model), ("data.train", args.data), ("data.dir", args.data_dir))
+    return [f"{key}={json.dumps(value)}" for key, value in pairs if value is not None]
+
+
 def run(args: argparse.Namespace) -> int:
     from literl.config_loader import load_config, resolve, to_yaml
+    from literl.plugins import import_user_modules, imports_override
     from literl.registry import ConfigError
 
     preset = DEFAULT_PRESET if args.preset is None else None if args.preset == "none" else args.preset
+    overrides = [*flag_overrides(args), *args.overrides]
     try:
-        cfg = load_config(preset=preset, config_file=args.config_file, overrides=args.overrides)
+        import_user_modules(args.imports)
+        if args.imports:
+            # Recorded in the config (so config.yaml, a resume and `literl config` see them), after any a file names.
+            named = load_config(preset=preset, config_file=args.config_file, overrides=overrides)
+            overrides.append(imports_override(with_imports(named.imports, args.imports)))
+        cfg = load_config(preset=preset, config_file=args.config_file, overrides=overrides)
         base = _resumed_config(cfg, args.config_file)
         if base is not None:
             # Continue the run as it was configured, not as today's defaults would configure it: only what the
             # command names explicitly changes.
             explicit_preset = None if args.preset in (None, "none") else args.preset
             layered_file = None if base.source == args.config_file else args.config_file
-            cfg = load_config(preset=explicit_preset, config_file=layered_file, overrides=args.overrides,
+            cfg = load_config(preset=explicit_preset, config_file=layered_file, overrides=overrides,
                               base=base.config)
     except (ConfigError, FileNotFoundError) as err:
         print(f"literl train: config error: {err}", file=sys.stderr)
@@ -64,8 +92,12 @@ def run(args: argparse.Namespace) -> int:
         except (ConfigError, ValueError) as err:
             print(f"literl train: config error: {err}", file=sys.stderr)
             return 2
-        print(to_yaml(resolve(cfg)))
+        notes: list[str] = []
+        print(to_yaml(resolve(cfg, notes=notes)))
+        for note in notes:
+            print(f"[literl] {note}", file=sys.stderr)
         return 0
+    from literl.distributed import ClusterError
     from literl.run_lock import DirectoryBusy
     from literl.training.api import run as run_training
     from literl.training.checkpoint import CheckpointError
@@ -79,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         print("literl train: interrupted before a training step finished, so nothing new was saved. Run the same "
               "command again to start (or, with trainer.resume=true, continue) the run.", file=sys.stderr)
         return 130
-    except (FileExistsError, FileNotFoundError, ConfigError, ValueError, DirectoryBusy, CheckpointError) as err:
+    except (FileExistsError, FileNotFoundError, ConfigError, ValueError, DirectoryBusy, CheckpointError,
+            ClusterError) as err:
         print(f"literl train: {err}", file=sys.stderr)
         return 2
     except NonFiniteTraining as err:

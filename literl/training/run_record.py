@@ -77,11 +77,12 @@ def record_inputs(cfg: Config, *, model: Any = None, tokenizer: Any = None, prob
                                 f"{described['problems']['sha256'][:12]}…)"})
     if reward_fns is not None:
         specs, entries = [], []
-        for item in reward_fns:
-            fn, weight = item if isinstance(item, tuple) else (item, 1.0)
+        for item in reward_fns:      # f, 'pkg.mod:fn', (f, weight) or (f, weight, convention)
+            fn, weight, convention = (*item, "auto")[:3] if isinstance(item, tuple) else (item, 1.0, "auto")
             path = fn if isinstance(fn, str) else importable_path(fn)
-            entries.append({"fn": path or _callable_name(fn), "weight": float(weight), "importable": bool(path)})
-            specs.append(RewardFnSpec(fn=path, weight=float(weight)) if path else None)
+            entries.append({"fn": path or _callable_name(fn), "weight": float(weight), "convention": convention,
+                            "importable": bool(path)})
+            specs.append(RewardFnSpec(fn=path, weight=float(weight), convention=convention) if path else None)
         described["reward_fns"] = entries
         if all(specs):
             cfg = _replace(cfg, "reward", fns=specs)

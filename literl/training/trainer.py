@@ -6,13 +6,13 @@
         ref     ← log π_ref(batch)           (only when the objective has a KL term)
         train   ← objective.prepare(batch, old, ref)      advantages, masks, IS weights, agg. weights
         for each of N mini-batches:  Σ_micro objective.loss(micro).backward();  optimizer.step()
+                                              (the learner: in this process, or trainer ranks on a cluster)
         engine  ← θ                           (weight sync)
         log metrics; evaluate and checkpoint on schedule
 """
 
 from __future__ import annotations
 
-import math
 import signal
 import time
 from contextlib import contextmanager
@@ -20,13 +20,11 @@ from pathlib import Path
 
 import torch
 
-from literl.batch import TrainBatch
-from literl.ops import masked_max, masked_mean
 from literl.config_loader import to_yaml
 from literl.training.checkpoint import (load_latest_checkpoint, non_finite_parameters, restore_rng_state, rng_state,
                                         save_checkpoint, save_model)
 from literl.components import RunComponents
-from literl.metric_reduction import MetricAccumulator
+from literl.lora import final_view
 from literl.training.learning_signal import no_signal_reason
 
 
@@ -111,7 +109,7 @@ class Trainer:
                            f"trainer.resume=true trainer.output_dir={p.run_dir}")
             raise TrainingInterrupted(path)
         self._refuse_non_finite_weights("final/")
-        save_model(p.run_dir / "final", p.policy, p.tokenizer)
+        save_model(p.run_dir / "final", final_view(p.learner.policy()), p.tokenizer)
         self._evaluate("after")
         p.finish(self.eval_results, steps=self.step)
         return p.run_dir
@@ -171,10 +169,10 @@ class Trainer:
         old_logp_BT = ref_logp_BT = None
         if p.objective.needs_old_logp_pass(n_minibatches):
             with timer("old_logp"):
-                old_logp_BT = p.policy_forward.batch_logprobs(batch)
-        if p.reference is not None:
+                old_logp_BT = p.learner.logprobs(batch)
+        if p.objective.needs_reference:
             with timer("ref_logp"):
-                ref_logp_BT = p.reference.batch_logprobs(batch)
+                ref_logp_BT = p.learner.reference_logprobs(batch)
         train, prep_metrics = p.objective.prepare(batch, old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT,
                                                   minibatches=n_minibatches, rng=self.rng)
         metrics.update(prep_metrics)
@@ -185,51 +183,26 @@ class Trainer:
             metrics.update(self._update(train))
         with timer("sync"):
             # An engine with its own copy of the weights reports what the sync moved (e.g. sync/bytes).
-            metrics.update(p.engine.sync_weights(p.policy) or {})
-        metrics.update(p.policy_forward.take_metrics())
+            metrics.update(p.engine.sync_weights(p.learner.weights()) or {})
+        metrics.update(p.learner.take_metrics())
         metrics.update(p.diagnostics.observe_rollout(batch))
         p.log.log_samples(self.step + 1, _samples(batch, cfg.trainer.log_samples))
         return {**metrics, **self._timing(timer, batch, metrics)}
 
-    def _update(self, train: TrainBatch) -> dict[str, float]:
-        """N optimizer steps; each accumulates its micro-batches' exact shares of the step loss."""
-        p, cfg = self.parts, self.cfg
-        acc = MetricAccumulator()
-        p.policy.train()
-        for k, minibatch in enumerate(train.minibatches()):
-            p.optimizer.zero_grad(set_to_none=True)
-            loss_tokens, step_loss = 0, 0.0
-            for micro in p.objective.micro_batches(minibatch, cfg.trainer.micro_batch_tokens):
-                logp_BT, entropy_BT, aux_loss = p.policy_forward.logprobs(micro, with_entropy=True)
-                out = p.objective.loss(logp_BT, _to(micro, p.device), entropy_BT, aux_loss=aux_loss)
-                out.loss.backward()
-                loss_tokens += out.num_loss_tokens
-                step_loss = step_loss + out.loss.detach().float()     # on the device: one sync per step
-                acc.add(out.metrics, weight=out.num_loss_tokens)
-                acc.add({f"st/ppo_kl_mb{k}": out.metrics.get("st/ppo_kl", 0.0)}, weight=out.num_loss_tokens)
-                mask = micro.mask_BT.to(p.device)
-                acc.add({"entropy/mean": masked_mean(entropy_BT.detach(), mask)}, weight=int(mask.sum()))
-                acc.add({"entropy/token_max": masked_max(entropy_BT.detach(), mask)})
-                p.diagnostics.observe_update(micro, out.token_maps)
-            acc.end_minibatch()     # loss/* of this optimizer step are complete: steps are averaged, not summed
-            # Every token masked (all rows truncated under the overlong filter, or IS-rejected): the gradient is
-            # zero, but AdamW's momentum would still move the weights (algorithms.md §4.1: skip the step).
-            skipped = loss_tokens == 0
-            grad_norm = 0.0 if skipped else self._clip_gradients()
-            # A NaN/inf loss or gradient would make every weight NaN: skip that optimizer step too, and count it.
-            non_finite = not skipped and not (math.isfinite(grad_norm) and bool(torch.isfinite(step_loss)))
-            acc.add({"optim/grad_norm": grad_norm, "optim/lr": p.scheduler.get_last_lr()[0],
-                     "optim/skipped_step": float(skipped or non_finite), "optim/non_finite_step": float(non_finite)})
-            if non_finite:
-                p.optimizer.zero_grad(set_to_none=True)
-                self._on_non_finite_step(float(step_loss), grad_norm)
-            elif not skipped:
-                self._non_finite_in_a_row = 0
-                self._weights_moved = True
-                p.optimizer.step()
-                p.scheduler.step()
-        p.policy.eval()     # sampling and log-prob passes run without dropout
-        return acc.result()
+    def _update(self, train) -> dict[str, float]:
+        """N optimizer steps; each accumulates its micro-batches' exact shares of the step loss
+        (`literl.training.learner`: in this process, or spread over trainer ranks)."""
+        return self.parts.learner.update(train, observe=self.parts.diagnostics.observe_update,
+                                         on_step=self._after_optimizer_step)
+
+    def _after_optimizer_step(self, report) -> None:
+        """Each optimizer step's outcome (`learner.StepReport`): a non-finite one is counted (and stops the run
+        after trainer.max_non_finite_steps in a row), a taken one resets the count and marks the weights moved."""
+        if report.non_finite:
+            self._on_non_finite_step(report.loss, report.grad_norm)
+        elif report.stepped:
+            self._non_finite_in_a_row = 0
+            self._weights_moved = True
 
     def _warn_no_signal(self, metrics: dict[str, float]) -> None:
         """Loudly, once per reason: a run whose weights never change should not look like a run that learns."""
@@ -252,13 +225,6 @@ class Trainer:
         self.parts.console.note(f"WARNING: skipped an optimizer step at step {self.step + 1}: non-finite {what} "
                                 f"({self._non_finite_in_a_row} in a row; the run stops after "
                                 f"trainer.max_non_finite_steps={limit})")
-
-    def _clip_gradients(self) -> float:
-        params = [q for q in self.parts.policy.parameters() if q.grad is not None]
-        if not params:
-            return 0.0
-        max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else math.inf
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
     @staticmethod
     def _timing(timer: PhaseTimer, batch, metrics: dict) -> dict[str, float]:
@@ -284,16 +250,15 @@ class Trainer:
     def _save_checkpoint(self) -> Path:
         p = self.parts
         self._refuse_non_finite_weights("a checkpoint")
-        state = {"optimizer": p.optimizer.state_dict(), "scheduler": p.scheduler.state_dict(),
-                 "rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
+        state = {**p.learner.state_dict(), "rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
                  "eval_results": self.eval_results, "diagnostics": p.diagnostics.state_dict()}
-        path = save_checkpoint(p.run_dir, self.step, model=p.policy, tokenizer=p.tokenizer, trainer_state=state,
+        path = save_checkpoint(p.run_dir, self.step, model=p.learner.policy(), tokenizer=p.tokenizer, trainer_state=state,
                                keep=self.cfg.trainer.keep_checkpoints, config_text=to_yaml(self.cfg))
         self._saved = (self.step, path)
         return path
 
     def _refuse_non_finite_weights(self, what: str) -> None:
-        bad = non_finite_parameters(self.parts.policy)
+        bad = non_finite_parameters(self.parts.learner.policy())
         if bad:
             last = self._saved[1] if self._saved else "none"
             raise NonFiniteTraining(f"{len(bad)} weight tensors hold NaN or inf after step {self.step} (first: "
@@ -303,7 +268,7 @@ class Trainer:
         p = self.parts
         if not self.cfg.trainer.resume:
             return
-        resumed = load_latest_checkpoint(p.run_dir, p.policy)
+        resumed = load_latest_checkpoint(p.run_dir, p.learner.policy())
         if resumed is None:
             p.console.note(f"trainer.resume=true but {p.run_dir} has no checkpoint yet: starting from step 0")
             # Records of an attempt that never checkpointed are redone, the evaluation before training included.
@@ -312,15 +277,14 @@ class Trainer:
         for note in resumed.notes:
             p.console.note(f"WARNING: {note}")
         path, state = resumed.path, resumed.state
-        p.optimizer.load_state_dict(state["optimizer"])
-        p.scheduler.load_state_dict(state["scheduler"])
+        p.learner.load_state_dict(state)
         restore_rng_state(state["rng"], self.rng)
         p.collector.stream.load_state_dict(state["stream"])
         p.diagnostics.load_state_dict(state.get("diagnostics", {}))
         self.eval_results = state.get("eval_results", {})
         self.step = int(state["step"])
         self._saved = (self.step, path)
-        p.engine.sync_weights(p.policy)
+        p.engine.sync_weights(p.learner.weights())
         # The closing evaluation runs again at the last step. A run extended past its old end keeps the old
         # closing evaluation as an intermediate one.
         extended = self.step < self.cfg.trainer.steps
@@ -329,16 +293,6 @@ class Trainer:
         if self.step > self.cfg.trainer.steps:
             p.console.note(f"trainer.steps={self.cfg.trainer.steps} is below the checkpoint's step {self.step}: "
                            f"nothing to train; final/ holds the model of step {self.step}")
-
-
-def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    if device.type == "cpu":
-        return batch
-    import dataclasses
-
-    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(device)
-                                         for f in dataclasses.fields(batch)
-                                         if torch.is_tensor(getattr(batch, f.name))})
 
 
 def _samples(batch, n: int) -> list[dict]:

@@ -50,3 +50,20 @@ def test_chat_without_template_and_unknown_template_explain(char_tokenizer):
         render_prompt(PROBLEM, char_tokenizer, "chat")
     with pytest.raises(ValueError, match="unknown prompt template 'fancy'; valid templates: auto, chat, plain, raw"):
         render_prompt(PROBLEM, char_tokenizer, "fancy")
+
+
+def test_a_system_prompt_and_chat_template_arguments(char_tokenizer):
+    """A system prompt opens the chat; when it is the instruction itself (the seed study's prompts, algorithms.md
+    §8.1) the user message is the bare problem, otherwise the instruction follows the problem. Template arguments
+    such as Qwen3's enable_thinking reach the template."""
+    char_tokenizer.chat_template = ("{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}"
+                                    + CHAT_TEMPLATE)
+    assert (render_prompt_text(PROBLEM, char_tokenizer, "chat", system_prompt=INSTRUCTION)
+            == f"<|system|>{INSTRUCTION}\n<|user|>{PROBLEM}\n<|assistant|>")
+    assert (render_prompt_text(PROBLEM, char_tokenizer, "chat", system_prompt="Be brief.", instruction="Box it.")
+            == f"<|system|>Be brief.\n<|user|>{PROBLEM}\nBox it.\n<|assistant|>")
+    assert (render_prompt_text(PROBLEM, char_tokenizer, "chat", instruction="",
+                               chat_template_kwargs={"enable_thinking": False})
+            == f"<nothink><|user|>{PROBLEM}\n<|assistant|>")
+    assert render_prompt_text(PROBLEM, char_tokenizer, "plain", system_prompt="ignored", instruction="Box it.") == (
+        f"{PROBLEM}\nBox it.")

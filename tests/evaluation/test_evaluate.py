@@ -13,7 +13,12 @@ from literl.rollout.generator import Generation, SamplingParams
 PROBLEMS = [{"id": "a", "problem": "1+1", "answer": "2"}, {"id": "b", "problem": "2+3", "answer": "5"}]
 # Per problem, the responses in sample order; "..." (no box) is reported as truncated.
 SCRIPT = {"1+1": ["\\boxed{2}", "so \\boxed{2}", "\\boxed{3}", "..."],
-          "2+3": ["\\boxed{4}", "\\boxed{6}", "\\boxed{4}", "\\boxed{7}"]}
+          "2+3": ["\\boxed{4}", "\\boxed{6}", "\\boxed{4}", "\\boxed{7}"],
+          "2+2": ["\\boxed{4}", "\\boxed{4}", "\\boxed{4}", "\\boxed{5}"],
+          "3+4": ["\\boxed{7}"] * 4,
+          "1+4": ["\\boxed{4}", "\\boxed{6}", "\\boxed{5}", "\\boxed{4}"]}
+OTHER = [{"id": "c", "problem": "2+2", "answer": "4"}, {"id": "d", "problem": "3+4", "answer": "7"},
+         {"id": "e", "problem": "1+4", "answer": "5"}]
 
 
 class ScriptedGenerator:
@@ -73,6 +78,35 @@ def test_metrics_of_a_scripted_run(char_tokenizer, tmp_path):
     assert result["settings"]["template"] == "raw" and result["metadata"] == {"model": "scripted"}
     assert flat_metrics(result)["eval/toy/avg@4"] == 0.25
     assert results_table(result).row_count == 1
+
+
+def test_standard_errors_per_benchmark_and_the_mean_over_benchmarks(char_tokenizer, tmp_path):
+    """Per-problem accuracies p_i = c_i / 4. toy: [2/4, 0] -> avg 0.25, SE = sqrt((0.25² + 0.25²) / (2·1)) = 0.25.
+    other: [3/4, 4/4, 1/4] -> avg 2/3, deviations (1/12, 1/3, -5/12), Σ² = 42/144, SE = sqrt(42/144 / (3·2))
+    = sqrt(7)/12. Mean over the two: (1/4 + 2/3)/2 = 11/24, SE = sqrt(1/16 + 7/144)/2 = sqrt(1/9)/2 = 1/6."""
+    result = evaluate(ScriptedGenerator(char_tokenizer), char_tokenizer, {"toy": PROBLEMS, "other": OTHER},
+                      sampling=SamplingParams(max_new_tokens=16), samples=4, template="raw", batch_size=4,
+                      output_path=tmp_path / "eval.json")
+    toy, other = result["benchmarks"]["toy"], result["benchmarks"]["other"]
+    assert toy["standard_error"]["avg@4"] == pytest.approx(0.25)
+    assert other["metrics"]["avg@4"] == pytest.approx(2 / 3)
+    assert other["standard_error"]["avg@4"] == pytest.approx(7 ** 0.5 / 12)
+    assert result["mean"]["benchmarks"] == ["toy", "other"]
+    assert result["mean"]["avg@4"] == pytest.approx(11 / 24)
+    assert result["mean"]["standard_error"]["avg@4"] == pytest.approx(1 / 6)
+    assert "per-problem averages" in result["settings"]["standard_error"]
+    assert json.loads((tmp_path / "eval.json").read_text())["mean"] == result["mean"]
+    assert flat_metrics(result)["eval/other/avg@4_se"] == pytest.approx(7 ** 0.5 / 12)
+    table = results_table(result)
+    assert table.row_count == 3 and table.columns[2].header == "avg@4 ± SE"
+    assert list(table.columns[2].cells) == ["25.0 ± 25.0", "66.7 ± 22.0", "45.8 ± 16.7"]
+
+
+def test_a_single_problem_has_no_standard_error(char_tokenizer):
+    result = evaluate(ScriptedGenerator(char_tokenizer), char_tokenizer, {"toy": PROBLEMS[:1]},
+                      sampling=SamplingParams(max_new_tokens=16), samples=4, template="raw")
+    assert result["benchmarks"]["toy"]["standard_error"]["avg@4"] is None and "mean" not in result
+    assert list(results_table(result).columns[2].cells) == ["50.0"]
 
 
 def test_evaluate_rejects_bad_settings(char_tokenizer):

@@ -54,3 +54,30 @@ def math_in_worker(response: str, example: dict) -> float:
     from literl.rewards.math_answer import math_reward
 
     return math_reward(response, example["answer"])
+
+
+# TRL convention: the whole batch by keyword; the records' fields arrive as columns.
+def trl_boxed_answer(prompts, completions, answer, **kwargs) -> list[float]:
+    return [float(f"\\boxed{{{a}}}" in c) for c, a in zip(completions, answer)]
+
+
+def trl_prompt_length(prompts, completions, **kwargs) -> list[float]:
+    return [float(len(p)) for p in prompts]
+
+
+def trl_wrong_length(prompts, completions, **kwargs) -> list[float]:
+    return [1.0]
+
+
+def trl_needs_solution(completions, solution, **kwargs) -> list[float]:
+    return [1.0 for _ in completions]
+
+
+def trl_not_applicable(completions, **kwargs) -> list:
+    return [None if "no answer" in c else 1.0 for c in completions]
+
+
+# verl convention: compute_score by keyword, one response per call; a dict gives its "score".
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float(f"\\boxed{{{ground_truth}}}" in solution_str) + (0.5 if data_source == "bonus" else 0.0),
+            "id": extra_info["id"]}

@@ -11,6 +11,7 @@ import pytest
 
 from literl.cli import main
 from literl.config_loader import from_yaml_file, load_config
+from literl.rewards.math_answer import math_accuracy
 from literl.training.api import train
 from literl.training.metrics import read_metrics
 from literl.training.run_record import importable_path, problems_hash, replay_problem
@@ -102,10 +103,13 @@ def test_inputs_given_by_name_are_written_into_the_config(tiny_qwen3_dir, tmp_pa
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
     cfg = load_config(preset="lite_ppo", overrides=[f"trainer.output_dir={tmp_path / 'named'}", *TINY])
-    run_dir = train(cfg, model=str(tiny_qwen3_dir), problems=str(data), reward_fns=[(length_reward, 0.5)])
+    run_dir = train(cfg, model=str(tiny_qwen3_dir), problems=str(data),
+                    reward_fns=[(length_reward, 0.5, "literl"), math_accuracy])
     saved = from_yaml_file(run_dir / "config.yaml")
     assert saved.model.path == str(tiny_qwen3_dir) and saved.data.train == str(data)
-    assert [(f.fn, f.weight) for f in saved.reward.fns] == [("tests.training.test_trainer:length_reward", 0.5)]
+    assert [(f.fn, f.weight, f.convention) for f in saved.reward.fns] == [
+        ("tests.training.test_trainer:length_reward", 0.5, "literl"),
+        ("literl.rewards.math_answer:math_accuracy", 1.0, "auto")]
     assert json.loads((run_dir / "run.json").read_text())["replayable"] is True
 
 

@@ -13,7 +13,7 @@ from literl.config_loader import load_config, preset_names
 from literl.training.api import train
 from literl.training.metrics import read_metrics
 
-TINY = ["trainer.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=12",
+TINY = ["model.profile=testbed", "trainer.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=12",
         "eval.limit=4", "eval.samples=2", "eval.greedy=false", "trainer.progress=false", "data.size=64",
         "optim.lr=1e-3"]
 

@@ -144,6 +144,38 @@ def test_parity_holds_after_an_optimizer_step_and_a_sync(session_engine):
     assert max_gap(model, prompts, generation, 1.0) > 100 * TOLERANCE
 
 
+def test_a_lora_policy_reaches_the_engine_as_its_merged_model(session_engine, tmp_path):
+    """A LoRA policy (literl/lora.py) syncs its merged weights W + (alpha/r)·B·A under the base model's names: the
+    engine's log-probs equal the adapted policy's within 1e-4, not the base's; the folder the engine starts from
+    is the merged model too (loaded here by transformers)."""
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from literl.config_loader import load_config
+    from literl.lora import apply_lora
+    from literl.rollout.vllm_engine import VllmEngine
+
+    engine = session_engine.engine
+    base = vllm_tiny_qwen3().eval()
+    spec = load_config(overrides=["model.lora.rank=4", "model.lora.alpha=8",
+                                  "model.lora.target_modules=[q_proj,v_proj,down_proj]"]).model.lora
+    policy = apply_lora(copy.deepcopy(base), spec).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.2)
+    engine.sync_weights(policy)
+    prompts = _prompts(group=2)
+    generation = engine.generate(prompts, SamplingParams(max_new_tokens=16), rng=torch.Generator().manual_seed(4))
+    assert max_gap(policy, prompts, generation, 1.0) < TOLERANCE
+    assert max_gap(base, prompts, generation, 1.0) > 100 * TOLERANCE
+
+    VllmEngine._save_model(engine, policy, str(tmp_path / "model"))
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
+    assert max_gap(merged, prompts, generation, 1.0) < TOLERANCE
+
+
 def test_the_trainers_threads_and_rng_are_untouched(session_engine):
     """In-process vLLM replaces torch.set_num_threads with a no-op and reseeds the global RNG; in its own process
     it can do neither to the trainer."""

@@ -29,7 +29,9 @@ def test_five_steps_with_the_vllm_engine_log_the_mismatch_decomposition(vllm_pyt
     engine would sample from stale weights and the training–inference gap would grow far past float32 rounding
     (1e-4). Evaluation runs through the engine too."""
     out = tmp_path / "run"
-    code = main(["train", f"model.path={head32_model_dir}", f"trainer.output_dir={out}", "trainer.steps=5",
+    # A testbed-sized model on testbed problems: the testbed profile (its sampling, its held-out evaluation).
+    code = main(["train", f"model.path={head32_model_dir}", "model.profile=testbed", f"trainer.output_dir={out}",
+                 "trainer.steps=5",
                  "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=12",
                  "data.size=64", "optim.lr=1e-2", "eval.before=false", "eval.limit=4", "eval.samples=2",
                  "trainer.progress=false", "reward.fns.0.fn=tests.rewards.sample_reward_fns:length_bonus",
@@ -55,7 +57,8 @@ def test_reward_rises_with_the_bfloat16_vllm_engine(vllm_python, head32_model_di
     learn fast (response length, up to 100 characters): the mean reward of the last 5 steps beats the first 5 by
     a clear margin, and the engine's bf16 numerics show as a nonzero training–inference gap every step."""
     out = tmp_path / "run"
-    code = main(["train", f"model.path={head32_model_dir}", f"trainer.output_dir={out}", "trainer.steps=20",
+    code = main(["train", f"model.path={head32_model_dir}", "model.profile=testbed", f"trainer.output_dir={out}",
+                 "trainer.steps=20",
                  "rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.max_new_tokens=48", "data.size=256",
                  "optim.lr=3e-3", "eval.before=false", "eval.every=0", "eval.limit=8", "eval.samples=1",
                  "trainer.progress=false", "reward.fns.0.fn=tests.rewards.sample_reward_fns:length_bonus",

@@ -1,0 +1,193 @@
+"""The learner: where the update and the no-grad log-prob passes run, behind one small protocol.
+
+The trainer asks a learner for three things per step, and never how or where they are computed:
+
+    old     ← learner.logprobs(batch)               log π_old of the rollout batch (no grad)
+    ref     ← learner.reference_logprobs(batch)     log π_ref (no grad), when the objective has a KL term
+    metrics ← learner.update(train)                 N optimizer steps, each Σ_micro objective.loss(micro).backward()
+
+`InProcessLearner` runs them in this process (the policy's `PolicyForward`, one optimizer). Trainer ranks on a
+Ray cluster (`literl.distributed.learner.RayLearner`) implement the same methods with FSDP2 and micro-batches
+spread over the ranks; because `Objective.prepare` folds the whole step's aggregation counts into `weight_BT`,
+each micro-batch's loss is a plain weighted sum and the summed gradient is the same wherever it is computed.
+
+`weights()` is what `Generator.sync_weights` receives (the policy module here, a handle to the ranks' shards
+there); `policy()` is the whole policy in this process with the current weights (what checkpoints and the final
+model are written from); `state_dict()` / `load_state_dict()` carry the optimizer and scheduler in the
+single-process layout, so a checkpoint of one kind of learner resumes in the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, NamedTuple, Protocol
+
+import torch
+
+from literl.batch import RolloutBatch, TrainBatch
+from literl.metric_reduction import MetricAccumulator
+from literl.ops import masked_max, masked_mean
+
+Observe = Callable[[TrainBatch, dict], None]     # (micro-batch, its per-token maps) → None: mechanism diagnostics
+
+
+class StepReport(NamedTuple):
+    """One optimizer step's outcome, for the trainer's bookkeeping (non-finite steps in a row, weights moved)."""
+
+    stepped: bool           # the optimizer step ran (some loss token, finite loss and gradient norm)
+    non_finite: bool        # skipped: a NaN/inf loss or gradient norm would have made every weight NaN
+    loss: float             # the step's loss (its micro-batches' shares summed)
+    grad_norm: float        # before clipping; 0 when no token entered the loss
+
+
+OnStep = Callable[[StepReport], None]
+
+
+class Learner(Protocol):
+    def update(self, train: TrainBatch, observe: Observe | None = None, on_step: OnStep | None = None
+               ) -> dict[str, float]:
+        """One rollout batch's optimizer steps; per-step metrics (loss/*, optim/*, entropy/*, policy_loss/*...).
+        `observe` sees every micro-batch with its token maps, `on_step` every optimizer step's outcome (it may
+        raise to stop the run)."""
+        ...
+
+    def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """log π_θ(y_t) of the batch under the current weights, without autograd (the old-log-prob pass)."""
+        ...
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """log π_ref(y_t) of the batch under the frozen reference policy."""
+        ...
+
+    def take_metrics(self) -> dict[str, float]:
+        """What the forwards measured since the last call (e.g. MoE route agreement)."""
+        ...
+
+    def weights(self):
+        """What `Generator.sync_weights` takes to make an engine sample from the current weights."""
+        ...
+
+    def policy(self) -> torch.nn.Module:
+        """The whole policy in this process, holding the current weights."""
+        ...
+
+    def state_dict(self) -> dict:
+        """{"optimizer": ..., "scheduler": ...} in the single-process layout."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the optimizer and scheduler, and take the weights `policy()` holds now (a checkpoint's)."""
+        ...
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_grad_norm: float) -> float:
+    """Clip the gradients' global norm to `max_grad_norm` (0: no clipping) and return the norm before clipping."""
+    params = [q for q in params if q.grad is not None]
+    if not params:
+        return 0.0
+    max_norm = max_grad_norm if max_grad_norm > 0 else math.inf
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def micro_step(forward: Callable, objective, micro: TrainBatch, device: torch.device, acc: MetricAccumulator,
+               minibatch: int) -> tuple[dict, torch.Tensor]:
+    """Forward, loss and backward of one micro-batch, its metrics added to `acc`; returns its per-token maps and
+    its (detached) loss.
+
+    `forward(micro)` returns (logp_BT, entropy_BT, aux_loss). Shared by every learner so that the numbers of an
+    update are computed by one piece of code wherever it runs."""
+    logp_BT, entropy_BT, aux_loss = forward(micro)
+    out = objective.loss(logp_BT, to_device(micro, device), entropy_BT, aux_loss=aux_loss)
+    out.loss.backward()
+    acc.add(out.metrics, weight=out.num_loss_tokens)
+    acc.add({f"st/ppo_kl_mb{minibatch}": out.metrics.get("st/ppo_kl", 0.0)}, weight=out.num_loss_tokens)
+    mask = micro.mask_BT.to(device)
+    acc.add({"entropy/mean": masked_mean(entropy_BT.detach(), mask)}, weight=int(mask.sum()))
+    acc.add({"entropy/token_max": masked_max(entropy_BT.detach(), mask)})
+    return out.token_maps, out.loss.detach().float()
+
+
+def close_step(acc: MetricAccumulator, *, loss_tokens: int, step_loss, grad_norm: float, lr: float) -> StepReport:
+    """The optimizer step's decision and metrics, after its last backward: skipped when no token entered the loss
+    (the gradient is zero, but AdamW's momentum would still move the weights: algorithms.md §4.1) or when the loss
+    or the gradient norm is not finite (it would make every weight NaN)."""
+    skipped = loss_tokens == 0
+    non_finite = not skipped and not (math.isfinite(grad_norm) and bool(torch.isfinite(torch.as_tensor(step_loss))))
+    acc.add({"optim/grad_norm": grad_norm, "optim/lr": lr, "optim/skipped_step": float(skipped or non_finite),
+             "optim/non_finite_step": float(non_finite)})
+    return StepReport(stepped=not (skipped or non_finite), non_finite=non_finite, loss=float(step_loss),
+                      grad_norm=grad_norm)
+
+
+class InProcessLearner:
+    """The update and the log-prob passes in this process, on the policy's own `PolicyForward`."""
+
+    def __init__(self, *, policy: torch.nn.Module, policy_forward, reference, objective, optimizer, scheduler,
+                 micro_batch_tokens: int, max_grad_norm: float, device: torch.device):
+        self._policy, self.policy_forward, self.reference = policy, policy_forward, reference
+        self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
+        self.micro_batch_tokens, self.max_grad_norm, self.device = micro_batch_tokens, max_grad_norm, device
+
+    def update(self, train: TrainBatch, observe: Observe | None = None, on_step: OnStep | None = None
+               ) -> dict[str, float]:
+        """N optimizer steps; each accumulates its micro-batches' exact shares of the step loss."""
+        acc = MetricAccumulator()
+        self._policy.train()
+        forward = lambda micro: self.policy_forward.logprobs(micro, with_entropy=True)  # noqa: E731
+        for k, minibatch in enumerate(train.minibatches()):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_tokens, step_loss = 0, 0.0
+            for micro in self.objective.micro_batches(minibatch, self.micro_batch_tokens):
+                token_maps, loss = micro_step(forward, self.objective, micro, self.device, acc, k)
+                loss_tokens += int(micro.loss_mask_BT.sum())
+                step_loss = step_loss + loss       # on the device: one sync per step
+                if observe is not None:
+                    observe(micro, token_maps)
+            acc.end_minibatch()     # loss/* of this optimizer step are complete: steps are averaged, not summed
+            grad_norm = 0.0 if loss_tokens == 0 else clip_gradients(list(self._policy.parameters()),
+                                                                    self.max_grad_norm)
+            report = close_step(acc, loss_tokens=loss_tokens, step_loss=step_loss, grad_norm=grad_norm,
+                                lr=self.scheduler.get_last_lr()[0])
+            if report.non_finite:
+                self.optimizer.zero_grad(set_to_none=True)
+            if on_step is not None:
+                on_step(report)
+            if report.stepped:
+                self.optimizer.step()
+                self.scheduler.step()
+        self._policy.eval()     # sampling and log-prob passes run without dropout
+        return acc.result()
+
+    def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        return self.policy_forward.batch_logprobs(batch)
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        if self.reference is None:
+            raise ValueError("this run has no reference policy (algorithm.kl_coef is 0)")
+        return self.reference.batch_logprobs(batch)
+
+    def take_metrics(self) -> dict[str, float]:
+        return self.policy_forward.take_metrics()
+
+    def weights(self) -> torch.nn.Module:
+        return self._policy
+
+    def policy(self) -> torch.nn.Module:
+        return self._policy
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    if device.type == "cpu":
+        return batch
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(device)
+                                         for f in dataclasses.fields(batch)
+                                         if torch.is_tensor(getattr(batch, f.name))})
