@@ -29,9 +29,10 @@ from literl.rollout.collector import Collector, PromptStream
 from literl.rollout.generator import SamplingParams
 from literl.registry import ConfigError
 from literl.rollout.hf_engine import HFEngine
+from literl.provenance import default_threads
+from literl.training.console import Console, LoadWatch
 from literl.run_lock import LOCK_NAME, DirectoryLock
 from literl.training.checkpoint import checkpoint_candidates, remove_stale_temporaries
-from literl.training.console import Console
 from literl.evaluation.periodic import build_evaluator, prompt_options_of, prompt_template
 from literl.lora import AdaptersOff, apply_lora, is_lora, lora_enabled
 from literl.profiles import model_context
@@ -41,6 +42,7 @@ from literl.training.model_loading import eos_token_ids, load_policy, pad_token_
 from literl.training.learner import InProcessLearner
 from literl.training.optim import build_optimizer
 from literl.training.problems import training_problems
+from literl.training.run_record import Inputs, config_header, record_inputs, write_run_record
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -96,22 +98,25 @@ class RunComponents:
 def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None, tokenizer=None,
                      problems: Sequence[dict] | str | None = None,
                      reward_fns: Sequence | None = None, console: Console | None = None) -> RunComponents:
+    # What Python passed in that a config can name goes into the config; run.json describes the rest.
+    cfg, inputs = record_inputs(cfg, model=model, tokenizer=tokenizer, problems=problems, reward_fns=reward_fns)
     notes: list[str] = []
     cfg = resolve(cfg, external_model=model is not None, notes=notes, model_context=model_context(model))
     objective = Objective.from_config(cfg)      # a bad trick parameter value fails here, before anything slow loads
-    console = console or Console(cfg.trainer.progress)
+    threads = cfg.trainer.threads or default_threads()
+    console = console or Console(cfg.trainer.progress, plain_every=cfg.trainer.log_every,
+                                 watch=LoadWatch(threads=threads))
     for note in notes:
         console.note(note)
     _quiet_hugging_face()
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
+    torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
     device = _device(cfg.trainer.device)
     if cfg.trainer.retain_host_memory and device.type == "cpu":
         retain_freed_host_memory()
     run_dir, lock, created = _claim_run_dir(cfg, console)
     try:
-        return _assemble(cfg, objective, run_dir, lock, device, console, model=model, tokenizer=tokenizer,
+        return _assemble(cfg, objective, run_dir, lock, device, console, inputs, model=model, tokenizer=tokenizer,
                          problems=problems, reward_fns=reward_fns)
     except BaseException:
         _give_up_run_dir(run_dir, lock, created)
@@ -119,7 +124,7 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
 
 
 def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryLock, device: torch.device,
-              console: Console, *, model, tokenizer, problems, reward_fns) -> RunComponents:
+              console: Console, inputs: Inputs, *, model, tokenizer, problems, reward_fns) -> RunComponents:
     if cfg.cluster.address is not None:
         from literl.distributed import connect
 
@@ -199,7 +204,7 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     evaluator = build_evaluator(cfg, tokenizer=tokenizer)
     # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
     # the corrected command starts afresh instead of being told to resume.
-    _write_run_config(run_dir, cfg)
+    _write_run_config(run_dir, cfg, inputs, engine)
     log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(_as_dict(cfg), default=str)),
                      run_name=run_dir.name)
     diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
@@ -282,8 +287,9 @@ def _give_up_run_dir(run_dir: Path, lock: DirectoryLock, created: bool) -> None:
 def _check_run_dir(run_dir: Path, cfg: Config, console: Console) -> None:
     """Refuse a directory that holds a run unless resuming, and a resume that would redo a finished run."""
     config_path = run_dir / "config.yaml"
-    # A lone config.yaml is what a start that failed while loading left behind (before it was written last).
-    if run_dir.exists() and any(entry.name not in ("config.yaml", LOCK_NAME) for entry in run_dir.iterdir()):
+    # A lone config.yaml (+ run.json) is what a start that failed while loading left behind.
+    if run_dir.exists() and any(entry.name not in ("config.yaml", "run.json", LOCK_NAME)
+                                for entry in run_dir.iterdir()):
         if not cfg.trainer.resume:
             raise FileExistsError(
                 f"run directory {run_dir} already holds a run. Continue it with trainer.resume=true, or choose "
@@ -332,9 +338,13 @@ def _check_reference_path(cfg: Config) -> None:
                                 "save_pretrained, or leave it unset for a frozen copy of the starting policy")
 
 
-def _write_run_config(run_dir: Path, cfg: Config) -> None:
+def _write_run_config(run_dir: Path, cfg: Config, inputs: Inputs, engine) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
+    write_text_atomic(run_dir / "config.yaml", config_header(inputs) + to_yaml(cfg))
+    # An engine in its own process and environment (vLLM) reports its own versions: the trainer's are not its.
+    info = getattr(getattr(engine, "process", None), "info", None) or {}
+    write_run_record(run_dir, inputs, resume=cfg.trainer.resume,
+                     engine={"name": cfg.rollout.engine, **{k: v for k, v in info.items() if k != "pid"}})
     if not cfg.trainer.output_dir:
         _point_latest(run_dir)
 
@@ -352,7 +362,7 @@ def _point_latest(run_dir: Path) -> None:
 def _warn_config_changes(old: Config, new: Config, console: Console) -> None:
     old_d, new_d = _flatten(_as_dict(old)), _flatten(_as_dict(new))
     ignored = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.output_dir", "trainer.threads",
-               "trainer.compile", "eval.", "cluster.")
+               "trainer.compile", "eval.", "cluster.", "trainer.log_every")
     changed = [k for k in sorted(set(old_d) | set(new_d))
                if old_d.get(k) != new_d.get(k) and not k.startswith(ignored)]
     if changed:

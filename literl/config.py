@@ -233,7 +233,9 @@ class TrainerConfig:
     keep_checkpoints: int = knob(2, "how many recent checkpoints to keep (0: keep all)")
     log_samples: int = knob(4, "sample responses written to samples.jsonl per step")
     trackers: list[str] = knob(help="extra metric sinks: tensorboard, wandb", factory=list)
-    threads: int | None = knob(None, "torch CPU threads, >= 1; null: all cores")
+    threads: int | None = knob(None, "torch CPU threads, >= 1; null: the CPUs this process may use (its "
+                                     "affinity mask: taskset, cgroup cpusets, Slurm), at most torch's default "
+                                     "(physical cores, or OMP_NUM_THREADS)")
     recompute_old_logp: str = knob("auto", "auto: reuse the update's own detached log-probs as old_logp when "
                                            "that is exact (one on-policy mini-batch, no IS correction); "
                                            "always: run the recompute pass every step")
@@ -250,6 +252,8 @@ class TrainerConfig:
                                           "step's large tensors; ~2-7% faster steps, resident memory stays "
                                           "at its peak; literl/host_memory.py)")
     progress: bool = knob(True, "show a progress bar")
+    log_every: int = knob(1, "when the output is not a terminal (a log file) or progress=false: a plain line "
+                             "with the elapsed time and ETA every N steps (and at the first and last)")
 
 
 @dataclass

@@ -132,7 +132,9 @@ def validate(cfg: Config) -> None:
                                    "entropy bonus)")
     _check(algo.router_aux_loss_coef >= 0, f"algorithm.router_aux_loss_coef={algo.router_aux_loss_coef} must be >= 0 "
                                            "(0 turns the MoE load-balancing loss off)")
-    _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1, or null for all cores")
+    _check(t.threads is None or t.threads >= 1, f"trainer.threads={t.threads} must be >= 1, or null for the CPUs "
+                                                "this process may use")
+    _check(t.log_every >= 1, f"trainer.log_every={t.log_every} must be >= 1 (a log line every N steps)")
     _check(t.save_every >= 0, f"trainer.save_every={t.save_every} must be >= 0 (0: save by time only, "
                               "trainer.save_every_minutes)")
     _check(t.save_every_minutes >= 0, f"trainer.save_every_minutes={t.save_every_minutes} must be >= 0 (0: off)")

@@ -3,9 +3,11 @@
     spec.py            the ablation spec (YAML): preset, base, baseline, variants, scenarios, seeds → planned runs
     runner.py          runs the plan as `literl train` subprocesses (--jobs, resume, Ctrl-C, progress)
     runs.py            reads run directories back (metrics.jsonl, eval.jsonl, summary.json, diagnostics.json)
-    stats.py           pure statistics: final/best/AUC, t intervals, paired bootstrap, verdict
+    stats.py           pure statistics: final/best/AUC, t intervals, paired bootstrap, verdict, minimum
+                       detectable effect
     summary.py         runs → summary.json and the terminal tables
-    plots.py, report.py  the self-contained report.html
+    plots.py, report.py  the self-contained report.html (figures sized for print)
+    export.py          `literl report --export`: tables as CSV and LaTeX (figures: plots.save_figure)
     ablation.py        an ablation's output folder (plan.json, summary.json, report.html)
     command.py, report_command.py   `literl ablate` and `literl report`
 

@@ -75,8 +75,10 @@ def is_ablation_directory(path: str | Path) -> bool:
     return (Path(path) / PLAN_FILE).is_file()
 
 
-def summarize_ablation(out_dir: str | Path, *, report: bool = True, report_path: str | Path | None = None) -> dict:
-    """Read every planned run, write summary.json (and report.html, or `report_path`), return the summary."""
+def summarize_ablation(out_dir: str | Path, *, report: bool = True, report_path: str | Path | None = None,
+                       export_dir: str | Path | None = None) -> dict:
+    """Read every planned run, write summary.json (and report.html, or `report_path`; with `export_dir` the
+    report's figures and tables as files), return the summary."""
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
     info = plan["spec"]
@@ -94,5 +96,5 @@ def summarize_ablation(out_dir: str | Path, *, report: bool = True, report_path:
     write_json_atomic(out_dir / SUMMARY_FILE, summary)
     if report:
         build_report(report_path or out_dir / REPORT_FILE, records, summary, title=f"Ablation: {info['name']}",
-                     spec_info=info)
+                     spec_info=info, export_dir=export_dir)
     return summary

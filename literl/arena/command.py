@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output folder (default: runs/ablations/<spec name>)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads shared by the jobs (default: all cores); each run gets threads // jobs")
+                        help="CPU threads shared by the jobs (default: the CPUs this process may use); each run "
+                             "gets threads // jobs")
     parser.add_argument("--dry-run", action="store_true", help="validate the spec and print the runs, run nothing")
     parser.add_argument("--no-report", action="store_true", help="write summary.json but not report.html")
     parser.add_argument("--list", action="store_true", help="list the shipped specs and exit")

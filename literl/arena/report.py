@@ -4,7 +4,9 @@ for an ablation or for plain runs.
 Sections: setup; statistics (cells, paired comparisons with verdicts, per-run scores, missing runs);
 learning curves with seed bands (held-out accuracy, reward, entropy, response length, clip fractions,
 truncation rate, group reward std); mechanism diagnostics (clipped tokens, repetition of truncated
-responses, reward std by difficulty tier, IS-weight decomposition, entropy).
+responses, reward std by difficulty tier, IS-weight decomposition, training–inference mismatch and MoE route
+agreement, entropy). With an export folder the same figures are also written as PDF, SVG and PNG and the tables
+as CSV and LaTeX.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from literl.arena import plots
 from literl.arena.plots import Panel
 from literl.arena.runs import RunRecord
 from literl.arena.stats import SCORES
-from literl.arena.summary import format_cell
+from literl.arena.summary import format_cell, format_detectable
 from literl.data.files import write_text_atomic
 
 CSS = """
@@ -30,31 +32,86 @@ table{border-collapse:collapse;margin:.6em 0;font-size:.88em}th,td{border:1px so
 text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}code{background:#f4f4f4;padding:0 .25em}
 .helps{color:#137333;font-weight:600}.hurts{color:#b3261e;font-weight:600}.none{color:#666}
 .few{color:#a15c00}.note{color:#555;font-size:.92em}.finding{background:#f7f7ef;border-left:4px solid #c9c28a;
-padding:.5em 1em}.grid{display:flex;flex-wrap:wrap;gap:1.2em}img{max-width:100%}.tok{font-family:monospace}
+padding:.5em 1em}.grid{display:flex;flex-wrap:wrap;gap:1.2em}img{max-width:100%;height:auto}
+figure{margin:.6em 0}figure img{width:calc(var(--print-width) * 1.4)}.tok{font-family:monospace}
+@media print{figure img{width:var(--print-width)}}
 .missing{background:#fff4e5;border-left:4px solid #f0a020;padding:.5em 1em}
 """
 
-HELD_OUT_NOTE = "Held-out evaluations (eval.jsonl), not smoothed; the band spans the seeds (min to max)."
+HELD_OUT_NOTE = ("Held-out evaluations (eval.jsonl), not smoothed; the line is the mean over seeds, the band spans "
+                 "the seeds (min to max).")
 TRAIN_NOTE = (f"Per-step training metrics (metrics.jsonl), smoothed per seed with an exponential moving average "
-              f"(factor {plots.TRAIN_SMOOTHING}); the band spans the seeds (min to max).")
+              f"(factor {plots.TRAIN_SMOOTHING}); the band spans the seeds (min to max). Clipped tokens: low side "
+              f"A&lt;0 and ρ&lt;1−ε_low, high side A&gt;0 and ρ&gt;1+ε_high.")
+FRACTION_OF_TOKENS, NATS = "fraction of tokens", "nats per token"
 TRAINING_PANELS = [
-    Panel("accuracy", "training accuracy (rollouts)"), Panel("reward/mean", "reward"),
-    Panel("entropy/mean", "token entropy"), Panel("response_length/mean", "response length (tokens)"),
-    Panel("policy_loss/clipfrac_binding_low", "clip fraction, low side (A<0, ρ<1−ε_low)"),
-    Panel("policy_loss/clipfrac_binding_high", "clip fraction, high side (A>0, ρ>1+ε_high)"),
-    Panel("truncation_rate", "truncation rate"), Panel("groups/reward_std_mean", "reward std within groups"),
+    Panel("accuracy", "training accuracy", "fraction correct"), Panel("reward/mean", "reward", "mean reward"),
+    Panel("entropy/mean", "token entropy", NATS), Panel("response_length/mean", "response length", "tokens"),
+    Panel("policy_loss/clipfrac_binding_low", "clipped, low side", FRACTION_OF_TOKENS),
+    Panel("policy_loss/clipfrac_binding_high", "clipped, high side", FRACTION_OF_TOKENS),
+    Panel("truncation_rate", "truncation rate", "fraction of responses"),
+    Panel("groups/reward_std_mean", "reward std in groups", "std of reward"),
 ]
 REPETITION_PANELS = [
-    Panel("repetition/truncated_repetitive_frac", "truncated responses that are repetitive"),
-    Panel("repetition/truncated_repetitive_frac_correct", "… among correct truncated responses"),
-    Panel("repetition/truncated_repetitive_frac_wrong", "… among wrong truncated responses"),
+    Panel("repetition/truncated_repetitive_frac", "repetitive: all truncated", "fraction of truncated"),
+    Panel("repetition/truncated_repetitive_frac_correct", "repetitive: correct ones", "fraction of truncated"),
+    Panel("repetition/truncated_repetitive_frac_wrong", "repetitive: wrong ones", "fraction of truncated"),
 ]
+# An engine that computes in the trainer's float32 differs from it by rounding only: |log π_old − log μ| about
+# 1e-6 nats per token on the testbed (the vLLM float32 parity test allows 1e-4), a k1 KL of ±1e-8. Below these
+# floors a ti/ curve is rounding, not mismatch; bfloat16 and FP8 engines are orders of magnitude above them.
+F32_ROUNDING = "float32 rounding between engine and trainer"
 IS_PANELS = [
-    Panel("ti/kl_k3", "training–inference KL (k3), π_old vs μ"), Panel("st/kl_k3", "staleness KL (k3), π_θ vs π_old"),
-    Panel("share/ti", "share of |log w| from training–inference"), Panel("share/st", "share of |log w| from staleness"),
-    Panel("tot/kl_k3", "total KL (k3), π_θ vs μ"),
+    Panel("ti/kl_k3", "KL train–inference (k3)", NATS, floor=1e-6, floor_cause=F32_ROUNDING),
+    Panel("st/kl_k3", "KL staleness (k3)", NATS),
+    Panel("share/ti", "share train–inference", "share of |log w|"),
+    Panel("share/st", "share staleness", "share of |log w|"), Panel("tot/kl_k3", "KL total (k3)", NATS),
 ]
-ENTROPY_PANELS = [Panel("entropy/mean", "mean token entropy"), Panel("entropy/token_max", "max token entropy")]
+AGREEMENT = "fraction of (token, layer)"
+# The MiniRL study's stability signals (arXiv 2512.01374; algorithms.md §6–7): the training–inference gap the
+# engine makes, and on MoE models how often the routers of engine and trainer (ti), and of θ_old and θ (st),
+# choose the same experts. Dense models never log moe/*; an engine equal to the trainer logs ti/* as 0 or rounding.
+MISMATCH_PANELS = [
+    Panel("ti/kl_k1", "KL train–inference (k1)", NATS, floor=1e-6, floor_cause=F32_ROUNDING),
+    Panel("ti/abs_logdiff_max", "max |log π_old − log μ|", "nats", floor=1e-4, floor_cause=F32_ROUNDING),
+    Panel("ti/ess", "ESS train–inference", "normalised ESS"),
+    Panel("moe/route_agree_ti", "routes agree: engine vs trainer", AGREEMENT),
+    Panel("moe/route_agree_st", "routes agree: θ_old vs θ", AGREEMENT),
+]
+ENTROPY_PANELS = [Panel("entropy/mean", "mean token entropy", NATS),
+                  Panel("entropy/token_max", "max token entropy", "nats")]
+
+
+class Figures:
+    """The report's figures by name, kept for --export after their PNG is embedded in the page."""
+
+    def __init__(self):
+        self.items: list[tuple[str, plots.CurvesFigure]] = []
+
+    def html(self, name: str, result: plots.CurvesFigure, what: str) -> str:
+        """The <img> and a note on what was folded or drawn as points. On screen the figure is shown at 1.4×
+        its print size (CSS inches), on paper at its print size."""
+        self.items.append((name, result))
+        notes = []
+        if result.sparse:
+            notes.append("Drawn as points, one per seed and step (logged at few steps): "
+                         + ", ".join(_e(p.title) for p in result.sparse) + ".")
+        if result.folded:
+            notes.append("Not drawn, no signal: " + "; ".join(_e(f) for f in result.folded) + ".")
+        note = "".join(f"<p class='note fold'>{n}</p>" for n in notes)
+        if result.figure is None:
+            return (f"<p class='note'>No run logged {_e(what)}.</p>" if not result.folded else "") + note
+        min_font = min(plots.FONT_PT.values())
+        return (f"<figure><img alt='{_e(what)}' src='{result.data_uri()}' "
+                f"style='--print-width:{result.width_in:.2f}in' data-width-in='{result.width_in:.2f}' "
+                f"data-min-font-pt='{min_font}' data-panels='{len(result.panels)}'></figure>{note}")
+
+    def export(self, directory: Path) -> list[Path]:
+        written = []
+        for name, result in self.items:
+            if result.figure is not None:
+                written += plots.save_figure(result.figure, Path(directory) / name)
+        return written
 
 
 def _e(value) -> str:
@@ -69,10 +126,6 @@ def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], left: in
     body = "".join("<tr>" + "".join(f"<td class='l'>{c}</td>" if i < left else f"<td>{c}</td>"
                                     for i, c in enumerate(row)) + "</tr>" for row in rows)
     return f"<table>{head}{body}</table>"
-
-
-def _figure(uri: str | None, what: str) -> str:
-    return f"<img alt='{_e(what)}' src='{uri}'>" if uri else f"<p class='note'>No run logged {_e(what)}.</p>"
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -105,7 +158,9 @@ def _verdict_html(entry: dict) -> str:
     ci = (f" [{entry['ci_low']:+.3f}, {entry['ci_high']:+.3f}]" if entry["ci_low"] is not None else "")
     t_ci = (f"<br><span class='note'>t: [{entry['t_ci_low']:+.3f}, {entry['t_ci_high']:+.3f}]</span>"
             if entry["t_ci_low"] is not None else "")
-    return f"{entry['mean_diff']:+.3f}{ci} <span class='{css}'>{_e(entry['verdict'])}</span>{t_ci}"
+    detectable = format_detectable(entry)
+    detectable = f"<br><span class='note'>{_e(detectable)}</span>" if detectable else ""
+    return f"{entry['mean_diff']:+.3f}{ci} <span class='{css}'>{_e(entry['verdict'])}</span>{t_ci}{detectable}"
 
 
 def _statistics_section(summary: dict) -> str:
@@ -114,7 +169,10 @@ def _statistics_section(summary: dict) -> str:
              f"<p class='note'>Scores of each run's <code>{metric}</code> curve: <b>final</b> = "
              f"{_e(scores['final'])}; <b>best</b> = {_e(scores['best'])}; <b>AUC</b> = {_e(scores['auc'])}. "
              f"Cells: {_e(intervals['cells'])} (95%). Comparisons: {_e(intervals['comparisons'])}. "
-             f"Verdict: {_e(intervals['verdict'])}.</p>"]
+             f"Verdict: {_e(intervals['verdict'])}. "
+             f"<b>MDE</b> (minimum detectable effect) and seeds needed: {_e(intervals.get('detectable', ''))}. "
+             "A true effect as large as the MDE would have been detected in 80% of such experiments; "
+             "“no detectable difference” says little about smaller ones.</p>"]
     rows = [[_e(c["variant"]), _e(c["scenario"]), str(c["n"]), *(format_cell(c[s]) for s in SCORES)]
             for c in summary["cells"]]
     parts.append(_table(["variant", "scenario", "seeds", "final", "best", "AUC"], rows))
@@ -138,16 +196,21 @@ def _statistics_section(summary: dict) -> str:
     return "".join(parts)
 
 
-def _curves_section(records, variants, scenarios, colors, metric: str) -> str:
-    held_out = [Panel(metric, f"held-out {metric}", "eval")]
+def _curves_section(records, variants, scenarios, styles, metric: str, figures: Figures) -> str:
+    unit = "accuracy (fraction)" if metric.endswith("accuracy") else metric
+    held_out = [Panel(metric, metric, unit, "eval")]
     greedy = metric.replace("/accuracy", "/greedy_accuracy")
     if greedy != metric:
-        held_out.append(Panel(greedy, f"held-out {greedy}", "eval"))
+        held_out.append(Panel(greedy, greedy, unit, "eval"))
+
+    def figure(name, panels, what):
+        return figures.html(name, plots.curves_figure(records, panels, variants, scenarios, styles), what)
+
     return ("<h2>Learning curves</h2>"
             f"<h3>Held-out accuracy</h3><p class='note'>{HELD_OUT_NOTE}</p>"
-            + _figure(plots.curves_figure(records, held_out, variants, scenarios, colors), "held-out accuracy")
+            + figure("held_out", held_out, "held-out accuracy")
             + f"<h3>Training</h3><p class='note'>{TRAIN_NOTE}</p>"
-            + _figure(plots.curves_figure(records, TRAINING_PANELS, variants, scenarios, colors), "training metrics"))
+            + figure("training", TRAINING_PANELS, "training metrics"))
 
 
 def _clipped_tokens_html(records, variants, scenarios) -> str:
@@ -205,12 +268,37 @@ def _repetition_table(records, variants, scenarios) -> str:
     return _table(["variant", "scenario", "truncation rate", "repetitive", "not repetitive"], rows)
 
 
-def _diagnostics_section(records, variants, scenarios, colors) -> str:
-    tiers = [Panel(k, f"reward std within groups, tier {k.rsplit('/', 1)[-1]}")
+def _mean_table(records, variants, scenarios, panels: Sequence[Panel]) -> str:
+    """Per variant and scenario, each panel's metric averaged over each run's logged steps, then over the seeds,
+    [lowest seed, highest seed]; only the metrics the figure draws (logged, with signal: plots.fold_reason),
+    and nothing when there are none."""
+    def drawn(panel: Panel) -> bool:
+        values = [v for r in records for v in r.metric_curve(panel.key)[1]]
+        return bool(values) and plots.fold_reason(panel, values) is None
+
+    logged = [p for p in panels if drawn(p)]
+    rows = []
+    for scenario in scenarios:
+        for variant in variants:
+            group = [r for r in records if r.variant == variant and r.scenario == scenario]
+            cells = []
+            for panel in logged:
+                per_run = [sum(values) / len(values) for r in group if (values := r.metric_curve(panel.key)[1])]
+                cells.append(f"{sum(per_run) / len(per_run):.4g} [{min(per_run):.4g}, {max(per_run):.4g}]"
+                             if per_run else "–")
+            if any(c != "–" for c in cells):
+                rows.append([_e(variant), _e(scenario), str(len(group)), *cells])
+    if not rows:
+        return ""
+    return _table(["variant", "scenario", "runs", *(f"<code>{_e(p.key)}</code>" for p in logged)], rows)
+
+
+def _diagnostics_section(records, variants, scenarios, styles, figures: Figures) -> str:
+    tiers = [Panel(k, f"reward std, {k.rsplit('/', 1)[-1]}", "std of reward")
              for k in plots.keys_with_prefix(records, "groups/reward_std/")]
 
-    def figure(panels, what):
-        return _figure(plots.curves_figure(records, panels, variants, scenarios, colors), what)
+    def figure(name, panels, what):
+        return figures.html(name, plots.curves_figure(records, panels, variants, scenarios, styles), what)
 
     return "".join([
         "<h2>Mechanism diagnostics</h2>",
@@ -223,32 +311,48 @@ def _diagnostics_section(records, variants, scenarios, colors) -> str:
         "a repetition loop (a periodic suffix covering ≥ 20% of the response), per step; the table weights each "
         "step by its truncation rate. The paper: wrong responses repeat far more than correct ones, and overlong "
         "filtering lowers the repeat ratio (§8.2.6–7).</p>",
-        _repetition_table(records, variants, scenarios), figure(REPETITION_PANELS, "repetition/*"),
+        _repetition_table(records, variants, scenarios), figure("repetition", REPETITION_PANELS, "repetition/*"),
         "<h3>Reward std within groups, by difficulty tier</h3><p class='note'>On easy data the within-group std "
         "falls fast, so dividing advantages by it amplifies small differences (§8.2.2).</p>",
-        figure(tiers, "groups/reward_std/<tier>"),
+        figure("reward_std_by_tier", tiers, "groups/reward_std/<tier>"),
         "<h3>Importance-weight decomposition</h3><p class='note'>π_θ/μ = [π_old/μ] (training–inference, "
         "<code>ti/*</code>) × [π_θ/π_old] (staleness, <code>st/*</code>); <code>share/*</code> says which factor "
         "carries the total |log w| (algorithms.md §7).</p>",
-        figure(IS_PANELS, "ti/*, st/*, share/*"),
+        figure("is_decomposition", IS_PANELS, "ti/*, st/*, share/*"),
+        "<h3>Training–inference mismatch and Routing Replay</h3><p class='note'>The gap between the engine that "
+        "sampled (μ) and the trainer at θ_old (<code>ti/*</code>: KL(μ‖π_old) as the MiniRL paper plots it, the "
+        "worst token's log-ratio, the effective sample size of the token weights), and on MoE models the share of "
+        "(token, layer) pairs whose top-k experts agree between the engine and the trainer "
+        "(<code>moe/route_agree_ti</code>) and between θ_old and θ in the update "
+        "(<code>moe/route_agree_st</code>); Routing Replay (R2/R3) makes the replayed side agree by construction "
+        "(algorithms.md §6–7). The table averages each run's steps, then the seeds.</p>",
+        _mean_table(records, variants, scenarios, MISMATCH_PANELS),
+        figure("mismatch_routing", MISMATCH_PANELS, "ti/kl_k1, ti/abs_logdiff_max, ti/ess, moe/route_agree_*"),
         "<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant to "
         "slow its collapse (§8.2.3).</p>",
-        figure(ENTROPY_PANELS, "entropy/*"),
+        figure("entropy", ENTROPY_PANELS, "entropy/*"),
     ])
 
 
 # ---------------------------------------------------------------------------------------------- the page
 def build_report(path: str | Path, records: Sequence[RunRecord], summary: dict, *, title: str,
-                 spec_info: dict | None = None) -> Path:
-    """Write the self-contained report.html atomically and return its path."""
+                 spec_info: dict | None = None, export_dir: str | Path | None = None) -> Path:
+    """Write the self-contained report.html atomically and return its path; with `export_dir`, also every
+    figure as PDF, SVG and PNG and every table as CSV and LaTeX there (literl/arena/export.py)."""
     variants, scenarios = summary["variants"], summary["scenarios"]
-    colors = plots.variant_colors(variants)
+    styles = plots.variant_styles(variants)
+    figures = Figures()
     body = [f"<h1>{_e(title)}</h1>",
             f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M')} by <code>literl</code> from "
             f"{len(records)} run directories; {summary['runs']['used']} finished runs enter the statistics.</p>",
             _setup_section(spec_info, records), _statistics_section(summary),
-            _curves_section(records, variants, scenarios, colors, summary["metric"]),
-            _diagnostics_section(records, variants, scenarios, colors)]
+            _curves_section(records, variants, scenarios, styles, summary["metric"], figures),
+            _diagnostics_section(records, variants, scenarios, styles, figures)]
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+    if export_dir is not None:
+        from literl.arena.export import write_tables
+
+        figures.export(Path(export_dir))
+        write_tables(summary, export_dir)
     return write_text_atomic(path, page)

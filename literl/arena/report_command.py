@@ -12,6 +12,7 @@ examples:
   literl report runs/ablations/advantage_norm     # the ablation's summary.json and report.html, rebuilt
   literl report runs/lite_ppo-20260101-120000     # one run: RUN/report.html
   literl report runs/a runs/b --out compare.html  # several runs side by side
+  literl report runs/ablations/clip_higher --export paper/   # + figures (PDF, SVG, PNG), tables (CSV, LaTeX)
 """
 
 
@@ -19,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.add_argument("dirs", nargs="+", metavar="DIR", help="ablation folders or run directories")
     parser.add_argument("--out", help="report file (default: DIR/report.html for one folder, else ./report.html)")
+    parser.add_argument("--export", metavar="EXPORT_DIR", default=None,
+                        help="also write every figure as PDF, SVG and PNG and every table as CSV and LaTeX "
+                             "(booktabs) into this folder")
     parser.add_argument("--metric", default=None,
                         help="held-out key to score plain runs by (default: testbed/accuracy, or the first "
                              "*/accuracy key in their eval.jsonl)")
@@ -43,15 +47,19 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if ablations:
         report = Path(args.out) if args.out else ablations[0] / "report.html"
-        print_summary(summarize_ablation(ablations[0], report_path=report), console)
+        print_summary(summarize_ablation(ablations[0], report_path=report, export_dir=args.export), console)
     else:
         report = Path(args.out) if args.out else (dirs[0] / "report.html" if len(dirs) == 1 else Path("report.html"))
-        print_summary(report_runs(dirs, report, metric=args.metric), console)
+        print_summary(report_runs(dirs, report, metric=args.metric, export_dir=args.export), console)
     console.print(f"report: {report}", highlight=False)
+    if args.export:
+        files = sorted(p.name for p in Path(args.export).iterdir() if p.is_file())
+        console.print(f"exported to {args.export}: {', '.join(files)}", highlight=False)
     return 0
 
 
-def report_runs(dirs: list[Path], report: Path, *, metric: str | None = None) -> dict:
+def report_runs(dirs: list[Path], report: Path, *, metric: str | None = None,
+                export_dir: str | Path | None = None) -> dict:
     """One report for plain runs, each its own 'variant' labelled by the shortest distinguishing path."""
     from literl.arena.report import build_report
     from literl.arena.runs import load_run
@@ -62,7 +70,7 @@ def report_runs(dirs: list[Path], report: Path, *, metric: str | None = None) ->
     metric = metric or _default_metric(records)
     summary = summarize(records, metric=metric, variants=labels, scenarios=["run"], name="runs")
     title = f"Run report: {labels[0]}" if len(labels) == 1 else f"Run report: {len(labels)} runs"
-    build_report(report, records, summary, title=title)
+    build_report(report, records, summary, title=title, export_dir=export_dir)
     return summary
 
 

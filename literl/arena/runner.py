@@ -33,11 +33,12 @@ from rich.markup import escape
 from literl.arena.runs import METRICS_FILE, checkpoint_step, is_finished
 from literl.arena.spec import PlannedRun
 from literl.arena.summary import LOG_NAME
+from literl.provenance import available_cpus
 
 POLL_SECONDS = 0.2
 INTERRUPTED_EXIT = 130
 # What a run that crashed before its first checkpoint leaves behind; cleared before it restarts.
-TRAINER_OUTPUTS = ("config.yaml", "metrics.jsonl", "eval.jsonl", "samples.jsonl", "diagnostics.json",
+TRAINER_OUTPUTS = ("config.yaml", "run.json", "metrics.jsonl", "eval.jsonl", "samples.jsonl", "diagnostics.json",
                    "checkpoints", "final", "tensorboard", "wandb")
 
 
@@ -66,8 +67,9 @@ class _Active:
 
 
 def threads_per_run(jobs: int, threads: int | None = None) -> int:
-    """Torch threads for each of `jobs` parallel runs sharing `threads` cores (default: all of them)."""
-    total = threads or os.cpu_count() or 1
+    """Torch threads for each of `jobs` parallel runs sharing `threads` cores (default: the CPUs this process
+    may use)."""
+    total = threads or available_cpus()
     return max(1, total // max(1, jobs))
 
 

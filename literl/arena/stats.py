@@ -21,6 +21,14 @@ Verdict (higher is better): "helps" when the bootstrap interval lies above 0, "h
 percentile interval is simply [min d, max d] (each extreme is drawn in 1/27 > 2.5% of resamples), so
 "helps" means every seed improved; with no true effect that happens by chance in 1 of 8 comparisons, which
 is why the t interval (wider) is shown too.
+
+What a comparison could have detected (paired t, α = DETECT_ALPHA two-sided, power DETECT_POWER = 1 − β):
+    MDE = (t_{1−α/2, n−1} + t_{1−β, n−1}) · s_d / √n
+with s_d the sample std (ddof 1) of the n paired differences: the smallest true mean difference that a
+paired t test at this n would detect with that power, given the observed spread. Seeds needed: the smallest
+n ≥ 2 whose MDE (same s_d) is at most the observed |mean difference|. Both use the central-t approximation
+of the power calculation (the exact one uses the noncentral t and needs slightly more seeds at small n); with
+n < 2 there is no spread and both are None.
 """
 
 from __future__ import annotations
@@ -36,6 +44,13 @@ BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 HELPS, HURTS, NO_DIFFERENCE, TOO_FEW = "helps", "hurts", "no detectable difference", "too few pairs"
 SCORES = ("final", "best", "auc")
+DETECT_ALPHA, DETECT_POWER = 0.05, 0.80
+MAX_SEEDS_NEEDED = 100_000     # beyond this "seeds needed" is reported as None (effectively undetectable)
+FLOAT_NOISE = 1e-12            # a mean difference this small is rounding (e.g. 0.51 − 0.5 − 0.01), not an effect
+DETECTION_METHOD = (f"paired t, alpha = {DETECT_ALPHA} two-sided, power {DETECT_POWER:.0%}: "
+                    "MDE = (t_{1-alpha/2, n-1} + t_{power, n-1}) * s_d / sqrt(n), s_d the std of the paired "
+                    "differences; seeds_needed: the smallest n whose MDE at this s_d is <= |mean difference| "
+                    "(central-t approximation)")
 
 
 @dataclass(frozen=True)
@@ -121,13 +136,56 @@ def paired_differences(variant: dict, baseline: dict) -> tuple[list, list[float]
 
 
 def compare(variant: dict, baseline: dict, confidence: float = CONFIDENCE) -> dict:
-    """The paired comparison of one score: mean difference, bootstrap and t intervals, verdict."""
+    """The paired comparison of one score: mean difference, bootstrap and t intervals, verdict, and what it
+    could have detected (minimum detectable effect, seeds needed for the observed effect)."""
     keys, diffs = paired_differences(variant, baseline)
     boot = bootstrap_interval(diffs, confidence)
     t_int = mean_interval(diffs, confidence)
+    sd = float(np.std(diffs, ddof=1)) if len(diffs) >= 2 else None
     return {"n_pairs": len(diffs), "mean_diff": boot.mean, "ci_low": boot.low, "ci_high": boot.high,
             "t_ci_low": t_int.low, "t_ci_high": t_int.high, "verdict": verdict(boot),
+            "sd_diff": sd, "mde": minimum_detectable_effect(diffs),
+            "seeds_needed": seeds_needed(boot.mean, sd) if sd is not None else None,
             "pairs": [list(k) if isinstance(k, tuple) else k for k in keys], "diffs": diffs}
+
+
+# ---------------------------------------------------------------------------------------------- power
+def _detect_factor(n: int, alpha: float, power: float) -> float:
+    """(t_{1−α/2, n−1} + t_{power, n−1}) / √n: the MDE in units of s_d."""
+    return (t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) / math.sqrt(n)
+
+
+def minimum_detectable_effect(diffs: Sequence[float], alpha: float = DETECT_ALPHA,
+                              power: float = DETECT_POWER) -> float | None:
+    """MDE = (t_{1−α/2, n−1} + t_{power, n−1}) · s_d/√n of n paired differences (None when n < 2).
+
+    d = [0.01, 0.03, 0.02]: s_d = 0.01, (4.3027 + 1.0607) · 0.01/√3 = 0.03097."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    return _detect_factor(n, alpha, power) * float(np.std(np.asarray(diffs, dtype=float), ddof=1))
+
+
+def seeds_needed(effect: float | None, sd: float, alpha: float = DETECT_ALPHA, power: float = DETECT_POWER,
+                 max_n: int = MAX_SEEDS_NEEDED) -> int | None:
+    """The smallest n ≥ 2 with (t_{1−α/2, n−1} + t_{power, n−1}) · sd/√n ≤ |effect|; None when the effect
+    is 0 (or missing, or float noise: |effect| ≤ 1e-12) or more than `max_n` would be needed. sd = 0 and
+    effect ≠ 0: 2."""
+    if effect is None or not math.isfinite(effect) or abs(effect) <= FLOAT_NOISE or not math.isfinite(sd):
+        return None
+    if sd == 0:
+        return 2
+    target = abs(effect) / sd
+    if _detect_factor(max_n, alpha, power) > target:
+        return None
+    low, high = 2, max_n           # the factor falls monotonically with n: bisect for the first n that fits
+    while low < high:
+        mid = (low + high) // 2
+        if _detect_factor(mid, alpha, power) <= target:
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 # ---------------------------------------------------------------------------------------------- Student t

@@ -52,7 +52,8 @@ def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[s
                                      f"{stats.BOOTSTRAP_RESAMPLES} resamples, numpy default_rng({stats.BOOTSTRAP_SEED})"
                                      "; t_ci_* is the paired t interval",
                       "verdict": "helps if the bootstrap interval lies above 0, hurts if below, else no "
-                                 "detectable difference"},
+                                 "detectable difference",
+                      "detectable": stats.DETECTION_METHOD},
         "runs": {"expected": len(per_run) + len(missing), "used": len(per_run), "missing": missing},
         "per_run": per_run, "cells": cells, "comparisons": comparisons,
     }
@@ -153,6 +154,20 @@ def _fmt_diff(entry: dict) -> str:
     return f"{entry['mean_diff']:+.3f}\n[{entry['ci_low']:+.3f}, {entry['ci_high']:+.3f}]"
 
 
+def format_detectable(entry: dict) -> str:
+    """'MDE 0.031, 5 seeds for Δ' : what the comparison could detect, and the seeds the observed Δ needs."""
+    mde = entry.get("mde")
+    if mde is None:
+        return ""
+    needed = entry.get("seeds_needed")
+    if needed is None:
+        small = abs(entry.get("mean_diff") or 0.0) <= stats.FLOAT_NOISE
+        need = "Δ = 0" if small else f"> {stats.MAX_SEEDS_NEEDED:,} seeds for Δ"
+    else:
+        need = f"{needed} seeds for Δ"
+    return f"MDE {mde:.3f}, {need}"
+
+
 VERDICT_STYLE = {stats.HELPS: "green", stats.HURTS: "red", stats.NO_DIFFERENCE: "dim", stats.TOO_FEW: "yellow"}
 
 
@@ -172,13 +187,14 @@ def print_summary(summary: dict, console=None) -> None:
     console.print(cells)
     if summary["comparisons"]:
         table = Table(title=f"paired difference vs baseline '{summary['baseline']}' "
-                            f"(mean Δ [95% bootstrap CI], verdict)")
+                            f"(mean Δ [95% bootstrap CI], verdict; minimum detectable effect at α 0.05, power "
+                            f"80%, seeds needed to detect the observed Δ)")
         for column in ("variant", "scenario", "pairs", "Δ final", "Δ best", "Δ AUC"):
             table.add_column(column, justify="left" if column in ("variant", "scenario") else "right")
         for comp in summary["comparisons"]:
             table.add_row(comp["variant"], comp["scenario"], str(comp["final"]["n_pairs"]),
                           *(f"{_fmt_diff(comp[s])}\n[{VERDICT_STYLE[comp[s]['verdict']]}]{comp[s]['verdict']}[/]"
-                            for s in stats.SCORES))
+                            f"\n[dim]{format_detectable(comp[s])}[/]" for s in stats.SCORES))
         console.print(table)
     missing = summary["runs"]["missing"]
     if missing:

@@ -80,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, FileNotFoundError) as err:
         print(f"literl train: config error: {err}", file=sys.stderr)
         return 2
+    problem = _replay_problem(args, cfg)
+    if problem:
+        print(f"literl train: {problem}", file=sys.stderr)
+        return 2
     if args.print_config:
         from literl.objective import Objective
 
@@ -118,6 +122,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"literl train: {_os_error_message(err)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _replay_problem(args: argparse.Namespace, cfg) -> str | None:
+    """A config.yaml taken from a run directory (by --config, or as the base of a resume) whose run.json says
+    that the run was given objects it cannot name (literl/training/run_record.py)."""
+    from literl.training.run_record import override_keys, replay_problem
+
+    sources = [Path(args.config_file)] if args.config_file else []
+    if cfg.trainer.resume and cfg.trainer.output_dir:
+        sources.append(Path(cfg.trainer.output_dir) / "config.yaml")
+    for source in sources:
+        problem = replay_problem(source, override_keys(args.overrides))
+        if problem:
+            return problem
+    return None
 
 
 @dataclass

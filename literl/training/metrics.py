@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
+import string
 from pathlib import Path
 
 from literl.data.files import write_text_atomic
@@ -37,8 +39,10 @@ class MetricsLog:
                 import wandb
             except ImportError as err:
                 raise RuntimeError("trainer.trackers has wandb but it is not installed: pip install 'literl[wandb]'") from err
+            # The run id lives in the run directory, so a resumed run continues the same wandb run instead of
+            # opening a second one (as TensorBoard continues its event files).
             self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "literl"), name=run_name,
-                                     config=config, dir=str(run_dir), resume="allow")
+                                     config=config, dir=str(run_dir), id=wandb_run_id(run_dir), resume="allow")
 
     def truncate_after(self, step: int, *, retag_evaluations: dict[str, str | None] | None = None) -> None:
         """Drop records past `step` (a resumed run rewrites what came after its checkpoint). Evaluation records
@@ -104,6 +108,22 @@ class MetricsLog:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+WANDB_ID_FILE = Path("wandb") / "literl-run-id"
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The wandb run id of this run directory: the one stored by its first session, else $WANDB_RUN_ID or a
+    fresh 8-character id, stored in <run>/wandb/literl-run-id for the sessions that resume it."""
+    path = Path(run_dir) / WANDB_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    alphabet = string.ascii_lowercase + string.digits
+    run_id = os.environ.get("WANDB_RUN_ID") or "".join(secrets.choice(alphabet) for _ in range(8))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, run_id + "\n")
+    return run_id
 
 
 def read_metrics(run_dir: str | Path, name: str = "metrics.jsonl") -> list[dict]:

@@ -47,6 +47,8 @@ def test_five_steps_with_the_vllm_engine_log_the_mismatch_decomposition(vllm_pyt
         assert row["optim/grad_norm"] > 0 and row["optim/skipped_step"] == 0     # the policy moved
     summary = json.loads((out / "summary.json").read_text())
     assert "testbed/accuracy" in summary["eval"]["after"]
+    engine = json.loads((out / "run.json").read_text())["sessions"][0]["engine"]     # its own environment's
+    assert engine["name"] == "vllm" and engine["vllm_version"].startswith("0.32") and engine["torch_version"]
 
 
 @pytest.mark.slow
