@@ -34,6 +34,9 @@ def literl_overrides(*, threads: int, prompts_per_step: int, group_size: int, ma
                      output_dir: str) -> list[str]:
     """The key=value overrides on the grpo preset that make the benchmark run (see the module docstring)."""
     return [
+        # The testbed's defaults for everything left null: a model passed in memory would otherwise get the
+        # real-model profile (top-p 0.99 / top-k 100 sampling, a system prompt), not the workload TRL runs.
+        "model.profile=testbed",
         f"rollout.prompts_per_step={prompts_per_step}", f"rollout.group_size={group_size}",
         f"rollout.max_new_tokens={max_new_tokens}", "rollout.temperature=1.0",
         "algorithm.aggregation.name=token_mean", "optim.lr=1e-6", "optim.max_grad_norm=1.0",
