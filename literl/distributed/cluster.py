@@ -99,13 +99,18 @@ def _shutdown(ray) -> None:
     but a local cluster's processes can go first (a terminal's Ctrl-C), leaving its actors' processes behind."""
     if not ray.is_initialized():
         return
-    for actor in _ACTORS:
-        try:
-            ray.kill(actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+    kill_actors(ray, _ACTORS)
     _ACTORS.clear()
     ray.shutdown()
+
+
+def kill_actors(ray, actors) -> None:
+    """Stop these actors; one already dead (or a Ray already shut down) is skipped."""
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone, or Ray already shut down
+            pass
 
 
 def node_address() -> str:

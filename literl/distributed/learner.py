@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from literl.distributed.cluster import ClusterError, actor_options, started, threads_for, wait_all
+from literl.distributed.cluster import (ClusterError, actor_options, kill_actors, started, threads_for,
+                                        wait_all)
 from literl.distributed.trainer_rank import TrainerRank
 from literl.metric_reduction import MetricAccumulator
 from literl.ops import Ratio
@@ -102,11 +103,7 @@ class RayLearner:
 
     def shutdown(self) -> None:
         """Stop the actors (a dead one is skipped)."""
-        for rank in self.ranks:
-            try:
-                self.ray.kill(rank, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone, or Ray already shut down
-                pass
+        kill_actors(self.ray, self.ranks)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _no_grad(self, batch, *, reference: bool) -> torch.Tensor:

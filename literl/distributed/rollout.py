@@ -25,7 +25,8 @@ from typing import Sequence
 import torch
 
 from literl.distributed import weight_sync
-from literl.distributed.cluster import ClusterError, actor_options, started, threads_for, wait_all
+from literl.distributed.cluster import (ClusterError, actor_options, kill_actors, started, threads_for,
+                                        wait_all)
 from literl.rollout.generator import Generation, SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -201,11 +202,7 @@ class RayRolloutGenerator:
 
     def shutdown(self) -> None:
         """Stop the actors (a dead one is skipped)."""
-        for worker in self.workers:
-            try:
-                self.ray.kill(worker, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone, or Ray already shut down
-                pass
+        kill_actors(self.ray, self.workers)
 
 
 def split_groups(prompts: list[list[int]], workers: int) -> list[tuple[int, int]]:

@@ -110,7 +110,7 @@ class RewardSet:
         if isinstance(fn_or_path, str):
             fn, path = load_reward_fn(fn_or_path, convention), fn_or_path
         elif callable(fn_or_path):
-            fn, path = fn_or_path, _import_path(fn_or_path)
+            fn, path = fn_or_path, importable_path(fn_or_path)
         else:
             raise ValueError(f"a reward function must be a 'package.module:function' path or a callable, "
                              f"got {type(fn_or_path).__name__}")
@@ -243,8 +243,9 @@ class RewardSet:
             self._runner = None
 
 
-def _import_path(fn: Callable) -> str | None:
-    """`module:qualname` if a worker process could import `fn` by that path, else None."""
+def importable_path(fn: Callable) -> str | None:
+    """`module:qualname` when importing that path gives back `fn` itself (so a worker process, or a rerun from
+    config.yaml, can import it), else None."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or module == "__main__" or "<" in qualname:
         return None

@@ -56,6 +56,18 @@ class Generation:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     forward_record: "ForwardRecord | None" = None
 
+    @staticmethod
+    def empty() -> "Generation":
+        """The answer to an empty list of prompts (one padding column, so shapes stay 2-D)."""
+        none = torch.zeros(0, 1)
+        return Generation(none.long(), none.bool(), none, torch.zeros(0, dtype=torch.bool))
+
+
+def check_prompts(prompts) -> None:
+    """What every engine refuses: a prompt without tokens (nothing to condition the first token on)."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+
 
 class Generator(Protocol):
     """What a rollout engine provides."""

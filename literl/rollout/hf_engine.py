@@ -27,7 +27,7 @@ from literl.model.moe import ROLLOUT_ROUTES, Routing, new_routes
 from literl.model.prompts import DistinctPrompts, distinct_prompts, prefill, prefill_by_layers
 from literl.model.quantize import WEIGHT_FORMATS, fake_quantize_fp8_
 from literl.model.record import Recorder
-from literl.rollout.generator import Generation, SamplingParams
+from literl.rollout.generator import Generation, SamplingParams, check_prompts
 from literl.rollout.sampling import sample_from_uniform, uniform_noise
 
 ACCELERATOR_SYNC_EVERY = 8
@@ -114,10 +114,8 @@ class HFEngine:
         device = next(self.model.parameters()).device
         B, T = len(prompts), params.max_new_tokens
         if B == 0:
-            empty = torch.zeros(0, 1)
-            return Generation(empty.long(), empty.bool(), empty, torch.zeros(0, dtype=torch.bool))
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+            return Generation.empty()
+        check_prompts(prompts)
         was_training = self.model.training
         self.model.eval()
         try:

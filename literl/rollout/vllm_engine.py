@@ -29,7 +29,7 @@ import torch
 
 from literl.lora import is_lora, merged_state_dict, save_merged
 from literl.model.moe import ROLLOUT_ROUTES
-from literl.rollout.generator import Generation, SamplingParams
+from literl.rollout.generator import Generation, SamplingParams, check_prompts
 from literl.rollout.vllm_process import EngineProcess, VllmEngineError, engine_python
 from literl.rollout.vllm_server import PROTOCOL
 
@@ -169,10 +169,8 @@ class VllmEngine:
         forward runs in vLLM, so there is nothing for an update to replay."""
         B, T = len(prompts), params.max_new_tokens
         if B == 0:
-            empty = torch.zeros(0, 1)
-            return Generation(empty.long(), empty.bool(), empty, torch.zeros(0, dtype=torch.bool))
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+            return Generation.empty()
+        check_prompts(prompts)
         groups = _request_rows(prompts, greedy=params.greedy)
         seeds = [None] * len(groups) if params.greedy else _seeds(len(groups), rng)
         payload = {"requests": [(list(prompts[rows[0]]), len(rows), seed) for rows, seed in zip(groups, seeds)],

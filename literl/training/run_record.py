@@ -22,13 +22,14 @@ import hashlib
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from literl.config import Config, RewardFnSpec
 from literl.data.files import write_json_atomic
 from literl.provenance import provenance
+from literl.rewards.functions import importable_path
 
 RUN_RECORD = "run.json"
 FORMAT = 1
@@ -92,19 +93,6 @@ def record_inputs(cfg: Config, *, model: Any = None, tokenizer: Any = None, prob
                             "what": f"reward function(s) {names} not importable by path (a lambda, a closure or "
                                     "defined in __main__); config.yaml's reward.fns lists the config's own"})
     return cfg, Inputs(described, missing)
-
-
-def importable_path(fn: Callable) -> str | None:
-    """`module:qualname` when importing that path gives back `fn` itself, else None."""
-    from literl.rewards.isolation import resolve_function
-
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not module or module == "__main__" or "<" in qualname:
-        return None
-    try:
-        return f"{module}:{qualname}" if resolve_function(f"{module}:{qualname}") is fn else None
-    except ValueError:
-        return None
 
 
 def problems_hash(rows: Sequence[dict]) -> str:
