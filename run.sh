@@ -28,6 +28,7 @@ if [ ! -x "$VENV/bin/python" ] || { [ "$have" != "$hash[dev]" ] && [ "$have" != 
   "$VENV/bin/python" -m pip install -q "torch==${LITERL_TORCH_VERSION:-2.13.0}" >&2
   "$VENV/bin/python" -m pip install -q -e ".$extras" >&2
   echo "$hash$extras" > "$STAMP"
+  echo "[literl] $VENV is ready (${SECONDS} s)" >&2
 fi
 
 # The vLLM engine's environment: vLLM pins its own torch and transformers (< 5.20), so it gets its own venv, in

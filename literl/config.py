@@ -55,6 +55,10 @@ class ModelConfig:
                                   "null: the embedded testbed model")
     testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro | moe (a tiny "
                                 "Qwen3-MoE, 8 experts, 2 per token, warmed up like base: docs/testbed.md)")
+    testbed_prebuilt: bool = knob(True, "on the testbed's first use, install the weights shipped with literl for "
+                                        "its recipe (base) instead of building them (~5 min on 2 cores); false "
+                                        "builds them here (bitwise identical with the build's torch and threads). "
+                                        "An already cached testbed is used either way: docs/testbed.md")
     profile: str = knob("auto", "defaults for the keys left null (response length, sampling, lr, eval benchmarks, "
                                 "system prompt): testbed | real (the seed study's setup, algorithms.md §8.1, with "
                                 "max_new_tokens capped by the model's context) | auto (real for a Hugging Face "

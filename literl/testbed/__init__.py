@@ -13,8 +13,9 @@ carry a slip, so it starts imperfect (held-out sampled accuracy ~30-60%, greedy 
 room. Variants: "base", "aligned" (base + clean SFT: lower entropy, higher accuracy), "micro" (tests).
 
 Public API:
-    ensure_testbed(variant="base", *, cache_dir=None, progress=True) -> pathlib.Path
-        Hugging Face folder (AutoModelForCausalLM / AutoTokenizer / vLLM), built and cached on first use;
+    ensure_testbed(variant="base", *, cache_dir=None, progress=True, prebuilt=True) -> pathlib.Path
+        Hugging Face folder (AutoModelForCausalLM / AutoTokenizer / vLLM), built and cached on first use
+        (base: the weights its recipe built, shipped in `prebuilt/`, are installed instead unless prebuilt=False);
         manifest.json beside the weights records recipe, seed, build time, held-out accuracies, entropy.
     read_manifest(folder) -> dict
     recipe_for(variant) -> TestbedRecipe;  VARIANTS;  TestbedRecipe (dataclasses.replace it to vary a seed)

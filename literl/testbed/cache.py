@@ -11,11 +11,19 @@ A folder appears only complete: it is built in a temporary sibling folder, which
 (an atomic rename on one file system) after the manifest is written. Concurrent callers (e.g. parallel
 training processes of an ablation) serialise on the lock file: one builds, the others wait and then
 load its result. A finished folder needs no write access, so a read-only shared cache works.
+
+Prebuilt folders: `literl/testbed/prebuilt/<variant>-<recipe hash>/` ships the `base` testbed as built by its
+recipe (3.2 MB). On first use a shipped folder whose name matches the recipe is copied into the cache instead of
+building it (seconds instead of ~5 minutes); the copy's manifest says so (`installed_from`). The folder name is
+the recipe hash, so an edited recipe never picks up stale shipped weights: it builds. `prebuilt=False` (config
+`model.testbed_prebuilt=false`) builds locally; with the build's torch and thread count the weights are
+bitwise identical to the shipped ones (tests/testbed/test_prebuilt.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -29,6 +37,7 @@ from literl.testbed.progress import BuildProgress
 from literl.testbed.recipes import TestbedRecipe, recipe_for
 
 LOCK_POLL_SECONDS = 0.2   # only used where fcntl is missing (Windows)
+PREBUILT_DIR = Path(__file__).parent / "prebuilt"
 
 
 class TestbedCacheError(OSError):
@@ -103,17 +112,17 @@ def _writable_testbeds_folder(root: Path) -> Path:
     return folder
 
 
-def _build_into_place(recipe: TestbedRecipe, target: Path, *, progress: bool,
-                      base_dir: Path | None) -> None:
-    # Leftovers of a build that crashed; safe to delete because we hold this name's lock.
+@contextlib.contextmanager
+def _staged(target: Path) -> Iterator[Path]:
+    """A private sibling folder to fill; renamed into place as `target` when the block ends without error."""
+    # Leftovers of a build that crashed; safe to delete because the caller holds this name's lock.
     for stale in target.parent.glob(f".{target.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     if target.exists():   # a folder without a manifest was not made by us: replace it
         shutil.rmtree(target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        with BuildProgress(target.name, enabled=progress) as reporter:
-            build_testbed(recipe, staging, progress=reporter, base_dir=base_dir)
+        yield staging
         staging.chmod(0o755)   # mkdtemp makes it private; a shared cache must be readable by others
         os.rename(staging, target)
     except BaseException:
@@ -121,13 +130,40 @@ def _build_into_place(recipe: TestbedRecipe, target: Path, *, progress: bool,
         raise
 
 
+def _build_into_place(recipe: TestbedRecipe, target: Path, *, progress: bool,
+                      base_dir: Path | None) -> None:
+    with _staged(target) as staging, BuildProgress(target.name, enabled=progress) as reporter:
+        build_testbed(recipe, staging, progress=reporter, base_dir=base_dir)
+
+
+def prebuilt_folder(recipe: TestbedRecipe) -> Path | None:
+    """The folder shipped with literl for exactly this recipe, or None."""
+    folder = PREBUILT_DIR / recipe.folder_name()
+    return folder if is_built(folder) else None
+
+
+def _install_prebuilt(shipped: Path, target: Path, *, progress: bool) -> None:
+    """Copy a shipped folder into the cache; its manifest, written last, records where it came from."""
+    with _staged(target) as staging:
+        for item in shipped.iterdir():
+            if item.is_file() and item.name != MANIFEST_NAME:
+                shutil.copyfile(item, staging / item.name)
+        manifest = json.loads((shipped / MANIFEST_NAME).read_text())
+        manifest["installed_from"] = "prebuilt: shipped with literl (literl/testbed/prebuilt/), not built here"
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    if progress:
+        print(f"literl: testbed {target.name}: installed the weights shipped with literl (built by this recipe; "
+              "model.testbed_prebuilt=false builds it here instead, about 5 min)", file=sys.stderr, flush=True)
+
+
 def ensure_testbed(variant: str | TestbedRecipe = "base", *, cache_dir: str | os.PathLike | None = None,
-                   progress: bool = True) -> Path:
+                   progress: bool = True, prebuilt: bool = True) -> Path:
     """The Hugging Face folder of a testbed variant, built (with a progress bar) on first use.
 
-    `variant` is a name ("base", "aligned", "micro") or a `TestbedRecipe` (e.g. a changed seed).
-    Raises `TestbedCacheError` if the cache cannot be written and `TestbedBuildError` if the warm-up
-    cannot reach its accuracy band.
+    `variant` is a name ("base", "aligned", "micro", "moe") or a `TestbedRecipe` (e.g. a changed seed).
+    With `prebuilt` (the default) a variant shipped with literl for this exact recipe is copied into the cache
+    instead of built; an already cached folder is used either way. Raises `TestbedCacheError` if the cache
+    cannot be written and `TestbedBuildError` if the warm-up cannot reach its accuracy band.
     """
     recipe = recipe_for(variant) if isinstance(variant, str) else variant
     root = cache_root(cache_dir)
@@ -137,7 +173,8 @@ def ensure_testbed(variant: str | TestbedRecipe = "base", *, cache_dir: str | os
     folder = _writable_testbeds_folder(root)
     base_dir = None
     if recipe.alignment is not None:
-        base_dir = ensure_testbed(recipe.base_recipe(), cache_dir=root, progress=progress)
+        base_dir = ensure_testbed(recipe.base_recipe(), cache_dir=root, progress=progress, prebuilt=prebuilt)
+    shipped = prebuilt_folder(recipe) if prebuilt else None
 
     def announce_wait():
         if progress:
@@ -145,6 +182,8 @@ def ensure_testbed(variant: str | TestbedRecipe = "base", *, cache_dir: str | os
                   file=sys.stderr, flush=True)
 
     with exclusive_lock(folder / f"{target.name}.lock", on_wait=announce_wait):
-        if not is_built(target):   # another process may have built it while we waited
+        if not is_built(target) and shipped is not None:   # (another process may have made it while we waited)
+            _install_prebuilt(shipped, target, progress=progress)
+        elif not is_built(target):
             _build_into_place(recipe, target, progress=progress, base_dir=base_dir)
     return target

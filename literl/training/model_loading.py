@@ -20,7 +20,8 @@ def load_policy(cfg, *, model=None, tokenizer=None, console=None):
     if is_testbed:
         from literl.testbed import ensure_testbed
 
-        path = ensure_testbed(cfg.model.testbed, progress=cfg.trainer.progress)
+        path = ensure_testbed(cfg.model.testbed, progress=cfg.trainer.progress,
+                              prebuilt=cfg.model.testbed_prebuilt)
     elif not Path(str(path)).exists() and "/" not in str(path):
         raise FileNotFoundError(f"model.path={path} is neither a directory nor a Hugging Face id; point it at a "
                                 "directory saved with save_pretrained")
