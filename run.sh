@@ -25,8 +25,11 @@ if [ ! -x "$VENV/bin/python" ] || { [ "$have" != "$hash[dev]" ] && [ "$have" != 
   echo "[literl] setting up $VENV (first run only)..." >&2
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q "pip>=21.3" >&2     # editable installs from pyproject.toml (PEP 660)
-  "$VENV/bin/python" -m pip install -q "torch==${LITERL_TORCH_VERSION:-2.13.0}" >&2
-  "$VENV/bin/python" -m pip install -q -e ".$extras" >&2
+  # pip compiles each installed module to bytecode one file at a time (~40% of this setup); compileall spreads
+  # the same work over every core afterwards. Files that do not compile are skipped, as pip skips them.
+  "$VENV/bin/python" -m pip install -q --no-compile "torch==${LITERL_TORCH_VERSION:-2.13.0}" >&2
+  "$VENV/bin/python" -m pip install -q --no-compile -e ".$extras" >&2
+  "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
   echo "$hash$extras" > "$STAMP"
   echo "[literl] $VENV is ready (${SECONDS} s)" >&2
 fi
