@@ -51,7 +51,9 @@ from literl.model.record import Recorder, can_record
 
 log = logging.getLogger(__name__)
 # Errors that say a mode does not fit a model (a part it lacks, a shape it cannot take): the probe answers "no".
-_STRUCTURE_ERRORS = (AttributeError, TypeError, ValueError, IndexError, KeyError, NotImplementedError, RuntimeError)
+# (An ImportError: this torch lacks the kernel a mode needs.)
+_STRUCTURE_ERRORS = (AttributeError, TypeError, ValueError, IndexError, KeyError, NotImplementedError, ImportError,
+                     RuntimeError)
 # Words of an accelerator backend's error (cuBLAS, cuDNN, a kernel launch, out of memory): raised, not a "no".
 _BACKEND_WORDS = ("cuda", "cudnn", "cublas", "nccl", "hip error", "out of memory", "device-side", "illegal memory")
 # Probe tolerances are relative to the largest expected value (+1) and hold for float32; a narrower compute dtype
@@ -375,7 +377,8 @@ def micro_batch_tokens(policy_forward, setting: int | str) -> int:
 
 
 def _activation_bytes_per_token(policy_forward) -> float:
-    """Peak memory of an update's forward and backward per token, measured at two sizes on rows of 256 tokens."""
+    """Peak memory of an update's forward and backward per token (of a no-grad forward, for a frozen model),
+    measured at two sizes on rows of 256 tokens."""
     device, model = policy_forward.device, policy_forward.model
     vocab = model.get_output_embeddings().out_features
     params = [p for p in model.parameters() if p.requires_grad]
@@ -389,9 +392,11 @@ def _activation_bytes_per_token(policy_forward) -> float:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        logp_BT, entropy_BT = policy_forward.token_logprobs(tokens_BL, prompt_len_B, width - 1, mask_BT=mask_BT,
-                                                            with_entropy=True)
-        torch.autograd.grad((logp_BT.sum() + entropy_BT.sum()), params, allow_unused=True)
+        with torch.enable_grad():
+            logp_BT, entropy_BT = policy_forward.token_logprobs(tokens_BL, prompt_len_B, width - 1, mask_BT=mask_BT,
+                                                                with_entropy=True)
+            if params and logp_BT.requires_grad:
+                torch.autograd.grad((logp_BT.sum() + entropy_BT.sum()), params, allow_unused=True)
         del logp_BT, entropy_BT
         torch.cuda.synchronize(device)
         peaks.append(torch.cuda.max_memory_allocated(device) - base)
