@@ -16,7 +16,6 @@
                     dense models and blocks it does not understand
     window          the sliding attention window, if any (the runtime attends to every position, so it is exact
                     only on sequences shorter than the window)
-
     packed_kernel   per compute dtype: the attention kernel of the packed route (whole rows as one token stream
                     without padding, `literl.model.packing`) on this model's device, or None where the update does
                     not pack (`PACKED_ROUTE`)

@@ -267,8 +267,8 @@ class PolicyForward:
         with computing_in(self.model, self.compute_dtype):
             if dense:
                 hidden_BLH = self.model.get_decoder()(input_ids=tokens_BL[:, :L], use_cache=False).last_hidden_state
-                hidden_MH = hidden_BLH.gather(1, pos_BT[:, :, None].expand(-1, -1, hidden_BLH.shape[-1])).flatten(0,
-                                                                                                                   1)
+                index_BTH = pos_BT[:, :, None].expand(-1, -1, hidden_BLH.shape[-1])
+                hidden_MH = hidden_BLH.gather(1, index_BTH).flatten(0, 1)
             else:
                 hidden_MH = self._response_hidden(tokens_BL, prompt_len_B, pos_BT, valid_BT, record, routing)
         if not dense:

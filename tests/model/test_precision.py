@@ -109,7 +109,7 @@ def test_a_bfloat16_run_keeps_float32_masters_and_saves_final_in_bfloat16(tiny_q
     assert final and all(t.dtype == torch.bfloat16 for t in final.values())
     assert json.loads((run_dir / "final" / "config.json").read_text())["dtype"] == "bfloat16"
     masters = dict(parts.policy.named_parameters())
-    assert all(torch.equal(t, masters[k].detach().to(torch.bfloat16)) for k, t in final.items() if k in masters)
+    assert all(torch.equal(t, masters[k].detach().cpu().to(torch.bfloat16)) for k, t in final.items() if k in masters)
 
 
 @pytest.mark.gpu
