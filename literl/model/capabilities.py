@@ -381,10 +381,11 @@ def _activation_bytes_per_token(policy_forward) -> float:
     device, model = policy_forward.device, policy_forward.model
     vocab = model.get_output_embeddings().out_features
     params = [p for p in model.parameters() if p.requires_grad]
-    peaks = []
+    peaks, counts = [], []
     generator = torch.Generator().manual_seed(0)
     for tokens in AUTO_PROBE_TOKENS:
         rows, width = tokens // 256, 256
+        counts.append(rows * (width - 1))       # a row's stream: its prompt token and all but its last response token
         tokens_BL = torch.randint(vocab, (rows, width), generator=generator)
         prompt_len_B = torch.ones(rows, dtype=torch.long)
         mask_BT = torch.ones(rows, width - 1, dtype=torch.bool)
@@ -399,7 +400,7 @@ def _activation_bytes_per_token(policy_forward) -> float:
         del logp_BT, entropy_BT
         torch.cuda.synchronize(device)
         peaks.append(torch.cuda.max_memory_allocated(device) - base)
-    return (peaks[1] - peaks[0]) / (AUTO_PROBE_TOKENS[1] - AUTO_PROBE_TOKENS[0])
+    return (peaks[1] - peaks[0]) / (counts[1] - counts[0])
 
 
 def cluster_micro_batch_tokens(setting: int | str) -> int:
