@@ -158,3 +158,42 @@ def test_cuda_takes_the_packed_route_by_its_probe():
     """`auto` on CUDA packs rows with a kernel whose probe matched the model's own forward."""
     model = build_tiny_qwen3(num_attention_heads=4, num_key_value_heads=2, head_dim=64, hidden_size=256).cuda()
     assert PolicyForward(model, compute_dtype=torch.bfloat16).packed_kernel in ("varlen", "padded")
+
+
+@pytest.mark.parametrize("names, grouped, expected", [
+    ({"is_causal"}, True, {"is_causal": True}),                                         # torch 2.9
+    ({"window_size", "scale"}, True, {"window_size": (-1, 0), "scale": 0.25}),          # 2.10-2.11
+    ({"window_size", "scale", "enable_gqa"}, True, {"window_size": (-1, 0), "scale": 0.25, "enable_gqa": True}),
+    ({"window_size", "scale", "enable_gqa"}, False, {"window_size": (-1, 0), "scale": 0.25}),
+])
+def test_varlen_keywords_follow_the_installed_signature(monkeypatch, names, grouped, expected):
+    """varlen_attn's causal and grouped-query keywords changed between torch releases: the call adapts (head dim
+    16, scale 1/4 = 1/sqrt(16)); a scale the signature cannot take is refused, which the probe reads as "no"."""
+    from literl.model import attention
+
+    monkeypatch.setattr(attention, "_varlen_parameters", lambda: frozenset(names))
+    assert attention._varlen_options(0.25, 16, grouped) == expected
+    if "scale" not in names:
+        with pytest.raises(NotImplementedError, match="no scale argument"):
+            attention._varlen_options(0.1, 16, grouped)
+
+
+def test_this_torchs_varlen_signature_is_understood():
+    """The installed torch's own varlen_attn (a CUDA kernel: only its signature is read here)."""
+    pytest.importorskip("torch.nn.attention.varlen")
+    from literl.model import attention
+
+    options = attention._varlen_options(0.125, 64, grouped=True)
+    assert options.get("is_causal") is True or options.get("window_size") == (-1, 0)
+
+
+def test_packed_rows_move_to_a_device_in_one_copy_with_int32_row_starts():
+    """On another device (meta here: shapes and dtypes only) every index keeps its shape, row starts are int32."""
+    tokens_BL = torch.tensor([[5, 6, 7, 8, 9], [4, 3, 0, 0, 0]])
+    packed = pack_rows(tokens_BL, torch.tensor([2, 1]), torch.tensor([[True, True, True], [True, False, False]]))
+    moved = packed.to(torch.device("meta"))
+    assert moved.cu_R1.dtype == torch.int32 and moved.cu_R1.device.type == "meta"
+    for name in ("ids_M", "position_M", "row_M", "slot_M", "predictor_P", "target_P", "flat_P"):
+        assert getattr(moved, name).shape == getattr(packed, name).shape
+        assert getattr(moved, name).dtype == torch.long
+    assert (moved.rows, moved.width, moved.batch_rows, moved.T) == (packed.rows, packed.width, 2, 3)
