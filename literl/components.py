@@ -46,7 +46,6 @@ from literl.training.problems import training_problems
 from literl.training.run_record import Inputs, config_header, record_inputs, write_run_record
 
 
-
 @dataclass
 class RunComponents:
     cfg: Config
