@@ -296,8 +296,8 @@ def _moe_blocks_match(model: torch.nn.Module) -> bool:
 
 # ------------------------------------------------------------------------------------------ device routes
 # Devices whose update replays the rollout's recorded forward (literl/model/record.py). On CPU it is measured to
-# pay (docs/speed.md: the update −8% compiled, −2% eager for the one-pass replay alone, and a response token's
-# forward matmuls skipped). On a GPU it is not measured, and the arithmetic says it does not pay: a record moves
+# pay (docs/speed.md: update time −15% eager, −27% compiled against the computed forward, alternating A/B). On a
+# GPU it is not measured, and the arithmetic says it does not pay: a record moves
 # ~1.4 MB per token (Qwen3-0.6B: 28 layers × 12,288 fp32 outputs) to save ~1 µs of matmul per token at H100 rates
 # (2N = 0.9 GFLOP at 989 TFLOP/s), and a replayed update cannot take the packed route. So it is off there.
 RECORD_REPLAY_DEVICES = ("cpu",)
