@@ -40,7 +40,7 @@ def literl_overrides(*, threads: int, prompts_per_step: int, group_size: int, ma
         f"rollout.prompts_per_step={prompts_per_step}", f"rollout.group_size={group_size}",
         f"rollout.max_new_tokens={max_new_tokens}", "rollout.temperature=1.0",
         "algorithm.aggregation.name=token_mean", "optim.lr=1e-6", "optim.max_grad_norm=1.0",
-        "trainer.minibatches=1", f"trainer.threads={threads}", "trainer.progress=false",
+        "trainer.minibatches=1", f"trainer.threads={threads}", "trainer.progress=false", "trainer.device=cpu",
         "trainer.log_samples=0", "trainer.save_every=0", f"trainer.output_dir={output_dir}",
         "eval.before=false", "eval.every=0",
     ]

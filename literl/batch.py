@@ -158,23 +158,26 @@ class TrainBatch(_Rows):
         n = int(self.minibatch_B.max().item()) + 1 if len(self) else 0
         return [self.select(torch.nonzero(self.minibatch_B == k).flatten()) for k in range(n)]
 
-    def micro_batches(self, max_tokens: int) -> list["TrainBatch"]:
-        """Split into micro-batches of at most `max_tokens` padded tokens, grouping similar lengths.
+    def micro_batches(self, max_tokens: int, *, packed: bool = False) -> list["TrainBatch"]:
+        """Split into micro-batches of at most `max_tokens` padded tokens (`packed`: real tokens, for a forward
+        that packs rows without padding), grouping similar lengths.
 
         Rows are sorted by length so each micro-batch trims to its own longest row: little padding is
         computed. Exactness does not depend on the split because `weight_BT` is normalised per step.
         """
         lengths = self.lengths_B
         order = torch.argsort(lengths, descending=True, stable=True)
-        chunks, current, current_max = [], [], 0
+        chunks, current, current_max, current_sum = [], [], 0, 0
         for i in order.tolist():
             row_len = int(lengths[i])
             new_max = max(current_max, row_len)
-            if current and new_max * (len(current) + 1) > max_tokens:
+            size = current_sum + row_len if packed else new_max * (len(current) + 1)
+            if current and size > max_tokens:
                 chunks.append(current)
-                current, new_max = [], row_len
+                current, new_max, current_sum = [], row_len, 0
             current.append(i)
             current_max = new_max
+            current_sum += row_len
         if current:
             chunks.append(current)
         micros = [self.select(torch.tensor(c)).trimmed() for c in chunks]

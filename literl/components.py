@@ -23,7 +23,8 @@ from literl.data.files import write_json_atomic, write_text_atomic
 from literl.diagnostics.mechanisms import MechanismDiagnostics
 from literl.host_memory import retain_freed_host_memory
 from literl.model import PolicyForward
-from literl.model.capabilities import capabilities
+from literl.model.capabilities import capabilities, records_forward
+from literl.model.precision import MASTER_DTYPE, PRECISIONS, compute_dtype
 from literl.objective import Objective
 from literl.rollout.collector import Collector, PromptStream
 from literl.rollout.generator import SamplingParams
@@ -43,8 +44,6 @@ from literl.training.learner import InProcessLearner
 from literl.training.optim import build_optimizer
 from literl.training.problems import training_problems
 from literl.training.run_record import Inputs, config_header, record_inputs, write_run_record
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -131,7 +130,10 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
         connect(cfg.cluster)        # Ray missing or a cluster out of reach fails here, before anything slow loads
     _check_reference_path(cfg)
     policy, tokenizer, is_testbed = load_policy(cfg, model=model, tokenizer=tokenizer, console=console)
-    policy.to(device=device, dtype=DTYPES[cfg.model.dtype])
+    # Master weights: the parameters (and so their gradients and AdamW's state) are float32 whatever model.dtype
+    # says; model.dtype is what the forward computes in (literl/model/precision.py).
+    policy.to(device=device, dtype=MASTER_DTYPE)
+    compute = compute_dtype(cfg.model.dtype)
     if lora_enabled(cfg):
         policy = apply_lora(policy, cfg.model.lora)
     if cfg.trainer.compile and not capabilities(policy).layers:
@@ -143,10 +145,14 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     _check_sizes(cfg, data, policy, tokenizer, template, prompt_options, device, console)
     pad_id = pad_token_id(tokenizer)
     policy_forward = PolicyForward(policy, temperature=cfg.rollout.temperature, compile=cfg.trainer.compile,
-                                   record_max_bytes=int(cfg.trainer.replay_max_gib * 2**30),
+                                   record_max_bytes=_record_bytes(cfg, device),
                                    max_tokens=cfg.trainer.micro_batch_tokens,
                                    routing_replay=cfg.algorithm.routing_replay,
-                                   router_aux_loss=cfg.algorithm.router_aux_loss_coef > 0)
+                                   router_aux_loss=cfg.algorithm.router_aux_loss_coef > 0, compute_dtype=compute,
+                                   packed=cfg.trainer.packed_attention)
+    if cfg.trainer.compile and policy_forward.packed_kernel is not None:
+        console.note("trainer.compile=true: the update's packed route on this device runs eagerly (compiling it is "
+                     "not built yet: docs/speed.md, On a GPU)")
     if cfg.rollout.engine == "vllm":
         from literl.rollout.vllm_engine import engine_from_config
 
@@ -158,10 +164,12 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     if objective.needs_reference and is_lora(policy) and not cfg.model.reference:
         # The base model is the policy with its adapters off: no second copy (literl/lora.py).
         reference = AdaptersOff(PolicyForward(policy, temperature=cfg.rollout.temperature,
-                                              compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens))
+                                              compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens,
+                                              compute_dtype=compute, packed=cfg.trainer.packed_attention))
     elif objective.needs_reference:
-        reference = PolicyForward(_reference_model(cfg, policy, device), temperature=cfg.rollout.temperature,
-                                  compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens)
+        reference = PolicyForward(_reference_model(cfg, policy, device, compute), temperature=cfg.rollout.temperature,
+                                  compile=cfg.trainer.compile, max_tokens=cfg.trainer.micro_batch_tokens,
+                                  compute_dtype=compute, packed=cfg.trainer.packed_attention)
 
     from literl.data.prompts import render_prompt
     from literl.rewards import RewardSet
@@ -236,11 +244,22 @@ def _engine_options(cfg: Config, policy: torch.nn.Module, tokenizer, pad_id: int
 
 
 def _engine_dtype(cfg: Config) -> torch.dtype | None:
-    """The engine's own precision (None: it samples from the policy module itself); an FP8 engine computes in
-    bfloat16 on weights rounded to FP8."""
+    """The engine's own precision (None: it samples from the policy module itself, whose float32 master weights
+    the rollout then computes in); an FP8 engine computes in bfloat16 on weights rounded to FP8. A bfloat16 engine
+    keeps its own bfloat16 copy, refreshed at every weight sync."""
     if cfg.rollout.dtype == "float8_e4m3":
         return torch.bfloat16
-    return DTYPES[cfg.rollout.dtype] if cfg.rollout.dtype != cfg.model.dtype else None
+    dtype = PRECISIONS[cfg.rollout.dtype]
+    return None if dtype == MASTER_DTYPE else dtype
+
+
+def _record_bytes(cfg: Config, device: torch.device) -> int:
+    """Memory the rollout may use to keep its forward for the update to replay: trainer.replay_max_gib where the
+    replay pays (`capabilities.records_forward`: CPU) and the update computes in the parameters' dtype (a bfloat16
+    update over float32 master weights would replay float32 outputs), else 0."""
+    if not records_forward(device) or compute_dtype(cfg.model.dtype) != MASTER_DTYPE:
+        return 0
+    return int(cfg.trainer.replay_max_gib * 2**30)
 
 
 def _device(choice: str) -> torch.device:
@@ -385,13 +404,15 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _reference_model(cfg: Config, policy: torch.nn.Module, device) -> torch.nn.Module:
+def _reference_model(cfg: Config, policy: torch.nn.Module, device, dtype: torch.dtype) -> torch.nn.Module:
+    """The frozen reference policy, in the policy's compute dtype (no optimizer: no master weights)."""
     if cfg.model.reference:
         from transformers import AutoModelForCausalLM
 
-        reference = AutoModelForCausalLM.from_pretrained(cfg.model.reference).to(device)
+        reference = AutoModelForCausalLM.from_pretrained(cfg.model.reference, dtype=dtype).to(device=device,
+                                                                                              dtype=dtype)
     else:
-        reference = copy.deepcopy(policy)
+        reference = copy.deepcopy(policy).to(dtype=dtype)
     reference.eval().requires_grad_(False)
     return reference
 

@@ -63,7 +63,10 @@ class ModelConfig:
                                 "system prompt): testbed | real (the seed study's setup, algorithms.md §8.1, with "
                                 "max_new_tokens capped by the model's context) | auto (real for a Hugging Face "
                                 "model: model.path set or a model passed to literl.train; literl/profiles.py)")
-    dtype: str = knob("float32", "training precision: float32 | bfloat16")
+    dtype: str = knob("float32", "training precision: float32 | bfloat16 (matmuls and attention in bfloat16 over "
+                                 "float32 master weights, gradients and AdamW state; the reference model in "
+                                 "bfloat16; final/ saved in bfloat16, checkpoints in float32: literl/model/"
+                                 "precision.py)")
     reference: str | None = knob(None, "reference model for KL; null: a frozen copy of the starting policy (with "
                                        "LoRA: the policy with its adapters switched off, no copy)")
     lora: LoraSpec = knob(help="LoRA adapters (literl/lora.py): only they train; final/ holds the merged "
@@ -224,8 +227,10 @@ class OptimConfig:
 class TrainerConfig:
     steps: int = knob(100, "rollout batches to train on")
     minibatches: int = knob(1, "optimizer steps per rollout batch (1: on-policy; >1: off-policy updates)")
-    micro_batch_tokens: int = knob(16384, "max padded tokens per forward/backward (gradient accumulation "
-                                          "unit; exactness does not depend on it)")
+    micro_batch_tokens: Any = knob("auto", "max padded tokens per forward/backward (real tokens where rows are "
+                                           "packed: CUDA), the gradient accumulation unit (exactness does not "
+                                           "depend on it): a number, or auto (16384 on CPU; on CUDA sized from the "
+                                           "free GPU memory at the first update)")
     output_dir: str | None = knob(None, "run directory; null: runs/<preset>-<timestamp>")
     resume: bool = knob(False, "continue the run in output_dir from its last checkpoint")
     save_every: int = knob(0, "checkpoint every N steps (0: by time only, see save_every_minutes; a checkpoint is "
@@ -247,6 +252,10 @@ class TrainerConfig:
     compile: bool = knob(False, "torch.compile the training forward's decoder layers (Llama/Qwen-style models, "
                                 "rows sharing a prompt; ~10-30 s once, ~20% less update time on the speed "
                                 "benchmark, docs/speed.md)")
+    packed_attention: str = knob("auto", "the update's packed route (whole rows as one token stream, no padding; "
+                                         "literl/model/packing.py): auto (CUDA: the first of varlen, padded that "
+                                         "matches the model's own forward; CPU: rows are not packed) | off | "
+                                         "varlen | padded | document_mask (always pack, with that attention kernel)")
     replay_max_gib: float = knob(2.0, "memory (GiB) the rollout may use to keep its decode's matmul outputs, so "
                                       "that an update with the rollout's own weights (on-policy, engine sampling "
                                       "from the policy itself) replays them instead of recomputing its forward "

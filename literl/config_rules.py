@@ -29,6 +29,7 @@ CHOICES = {
     "optim.schedule": ("constant", "linear", "cosine"),
     "trainer.recompute_old_logp": ("auto", "always"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.packed_attention": ("auto", "off", "varlen", "padded", "document_mask"),
     "data.template": ("auto", "plain", "chat", "raw"),
     "data.difficulty": ("easy", "medium", "hard", "mixed"),
     "model.testbed": ("base", "aligned", "micro", "moe"),
@@ -147,7 +148,11 @@ def validate(cfg: Config) -> None:
     _check(1 <= t.minibatches <= r.prompts_per_step,
            f"trainer.minibatches={t.minibatches} must be between 1 and rollout.prompts_per_step={r.prompts_per_step} "
            "(mini-batches hold whole groups)")
-    _check(t.micro_batch_tokens >= 1, "trainer.micro_batch_tokens must be >= 1")
+    _check(t.micro_batch_tokens == "auto" or (isinstance(t.micro_batch_tokens, int)
+                                              and not isinstance(t.micro_batch_tokens, bool)
+                                              and t.micro_batch_tokens >= 1),
+           f"trainer.micro_batch_tokens={t.micro_batch_tokens!r} must be an integer >= 1, or auto (16384 on CPU, "
+           "sized from free GPU memory on CUDA)")
     _check(t.replay_max_gib >= 0, f"trainer.replay_max_gib={t.replay_max_gib} must be >= 0 (0 turns replay off)")
     _check(ev.samples >= 1, "eval.samples must be >= 1")
     _check(cfg.reward.timeout_s > 0, "reward.timeout_s must be > 0")

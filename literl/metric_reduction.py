@@ -8,6 +8,11 @@ Reduction across micro-batches is decided by the value, then by the key (a conve
     loss/* → sum over the micro-batches of one optimizer step (each holds its share of that step's loss),
         then mean over the step's mini-batches (`end_minibatch` closes one);
     anything else → token-weighted mean.
+
+Values still on an accelerator are not read one by one (each read would stop the host until the device caught
+up, tens of times per micro-batch): the micro-batches' metrics wait, in order, until a result is asked for (the
+end of an optimizer step), and are then read back in one transfer per device. The arithmetic afterwards is the
+same, in the same order, as for values added one at a time.
 """
 
 from __future__ import annotations
@@ -41,9 +46,16 @@ class MetricAccumulator:
         self._extreme: dict[str, float] = {}
         self._minibatch_sum: dict[str, float] = {}   # loss/* of the mini-batch being accumulated
         self._loss: dict[str, Ratio] = {}        # loss/* over closed mini-batches: (Σ mini-batch sums, count)
+        self._pending: list[tuple[dict[str, Any], float]] = []    # added with values on an accelerator, in order
 
     def add(self, metrics: dict[str, Any], weight: float = 1.0) -> None:
         """Add one micro-batch's metrics; `weight` (its loss-token count) only weighs the plain means."""
+        if self._pending or any(_on_accelerator(value) for value in metrics.values()):
+            self._pending.append((metrics, weight))
+            return
+        self._add_now(metrics, weight)
+
+    def _add_now(self, metrics: dict[str, Any], weight: float) -> None:
         for key, value in metrics.items():
             if isinstance(value, POOLED):
                 self._pooled[key] = self._pooled[key] + value if key in self._pooled else value
@@ -59,9 +71,33 @@ class MetricAccumulator:
             elif weight > 0:
                 self._mean[key] = self._mean.get(key, Ratio(0.0, 0.0)) + Ratio(value * weight, float(weight))
 
+    def _settle(self) -> None:
+        """Fold the pending metrics in, their accelerator values read back in one transfer per device."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        read: dict[int, float] = {}
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for metrics, _ in pending:
+            for value in metrics.values():
+                if torch.is_tensor(value):
+                    by_device.setdefault(value.device, []).append(value)
+        for values in by_device.values():
+            numbers = torch.stack([v.detach().reshape(()).double() for v in values]).cpu().tolist()
+            read.update({id(v): number for v, number in zip(values, numbers)})
+        for metrics, weight in pending:
+            self._add_now({key: read[id(value)] if torch.is_tensor(value) else value
+                           for key, value in metrics.items()}, weight)
+
+    def __getstate__(self) -> dict:
+        self._settle()      # pickled (a trainer rank's accumulator sent to the driver): plain numbers only
+        return self.__dict__
+
     def merge(self, other: "MetricAccumulator") -> None:
         """Add the micro-batches another accumulator saw of the same open mini-batch (another trainer rank's
         share): as if this accumulator had been given them itself."""
+        self._settle()
+        other._settle()
         if other._loss:
             raise ValueError("merge takes the micro-batches of one open mini-batch (the other accumulator has "
                              "closed mini-batches)")
@@ -77,6 +113,7 @@ class MetricAccumulator:
 
     def end_minibatch(self) -> None:
         """Close one optimizer step: its loss/* sums become one sample of the mean over mini-batches."""
+        self._settle()
         self._loss = self._closed_losses()
         self._minibatch_sum = {}
 
@@ -88,10 +125,15 @@ class MetricAccumulator:
 
     def result(self) -> dict[str, float]:
         """Per-step values; a mini-batch still open counts as the last one."""
+        self._settle()
         out = dict(self._extreme)
         for part in (self._mean, self._pooled, self._closed_losses()):
             out.update({key: float(stat) for key, stat in part.items()})
         return out
+
+
+def _on_accelerator(value: Any) -> bool:
+    return torch.is_tensor(value) and value.device.type != "cpu"
 
 
 def scalars(metrics: dict[str, Any]) -> dict[str, float]:

@@ -181,8 +181,9 @@ class Objective:
         }
 
     # ------------------------------------------------------------------------------------ once per optimizer step
-    def micro_batches(self, minibatch: TrainBatch, max_tokens: int) -> list[TrainBatch]:
-        """The optimizer step's micro-batches (at most `max_tokens` padded tokens each).
+    def micro_batches(self, minibatch: TrainBatch, max_tokens: int, *, packed: bool = False) -> list[TrainBatch]:
+        """The optimizer step's micro-batches (at most `max_tokens` padded tokens each; `packed`: real tokens, for
+        a forward that packs rows without padding).
 
         Global normaliser (default): each keeps the step's weights, so the micro-batch losses add up exactly to
         the step loss whatever the split. `aggregation_normaliser=local` (verl's legacy actor, TRL's `bnpo`):
@@ -190,7 +191,7 @@ class Objective:
         micro-batch means that differs from the step loss whenever the micro-batches' counts differ
         (algorithms.md §3, §9.7); for reproducing those frameworks, not for new runs.
         """
-        micros = minibatch.micro_batches(max_tokens)
+        micros = minibatch.micro_batches(max_tokens, packed=packed)
         if not self.local_normaliser:
             return micros
         local = []
@@ -201,10 +202,11 @@ class Objective:
 
     # ------------------------------------------------------------------------------------ once per micro-batch
     def loss(self, logp_BT: torch.Tensor, mb: TrainBatch, entropy_BT: torch.Tensor | None = None,
-             aux_loss: torch.Tensor | None = None) -> LossOutput:
+             aux_loss: torch.Tensor | None = None, loss_tokens: int | None = None) -> LossOutput:
         """This micro-batch's share of the step loss: Σ w · (c·ℓ + β·KL − c_H·H), plus λ_aux times the forward's
         auxiliary loss (the MoE load balancing of its tokens) weighted by the micro-batch's share of the optimizer
-        step's response tokens."""
+        step's response tokens. `loss_tokens`: the count of mb.loss_mask_BT, when the caller has it from the
+        CPU-side batch (counted here otherwise, which on a GPU waits for the device)."""
         mask_BT = mb.loss_mask_BT
         old_logp_BT = mb.old_logp_BT if mb.old_logp_BT is not None else logp_BT.detach()
         policy_BT, policy_metrics = self.policy_loss(logp_BT, old_logp_BT, mb.rollout_logp_BT, mb.adv_BT, mask_BT)
@@ -234,7 +236,7 @@ class Objective:
         metrics["loss/total"] = total.detach()
         metrics.update(is_decomposition(logp_BT.detach(), old_logp_BT, mb.rollout_logp_BT, mb.mask_BT))
         return LossOutput(total, {k: v.detach() if torch.is_tensor(v) else v for k, v in metrics.items()},
-                          token_maps, int(mask_BT.sum()))
+                          token_maps, int(mask_BT.sum()) if loss_tokens is None else loss_tokens)
 
     # ------------------------------------------------------------------------------------ config-time check
     def self_check(self) -> None:

@@ -29,17 +29,24 @@ def masked_max(x: torch.Tensor, mask: torch.Tensor, *, empty: float = -math.inf)
 
     The default −inf is the identity of max, so a micro-batch with no selected token leaves a step's max
     unchanged (the metric accumulator drops it); pass e.g. empty=0.0 where the value feeds arithmetic.
+    Computed without reading the mask on the host (no boolean indexing): on a GPU it does not wait for the device.
     """
-    if not bool(mask.any()):
-        return torch.full((), empty, dtype=x.dtype, device=x.device)
-    return x[mask].max()
+    return _masked_extreme(x, mask, empty, -math.inf, torch.amax)
 
 
 def masked_min(x: torch.Tensor, mask: torch.Tensor, *, empty: float = math.inf) -> torch.Tensor:
     """Min over True entries; `empty` where nothing is selected (default +inf, the identity of min)."""
-    if not bool(mask.any()):
-        return torch.full((), empty, dtype=x.dtype, device=x.device)
-    return x[mask].min()
+    return _masked_extreme(x, mask, empty, math.inf, torch.amin)
+
+
+def _masked_extreme(x: torch.Tensor, mask: torch.Tensor, empty: float, identity: float, reduce) -> torch.Tensor:
+    """reduce over the selected entries (the others replaced by the reduction's identity, which never wins over a
+    selected value, NaN included), `empty` when none is selected."""
+    empty_t = torch.full((), empty, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return empty_t
+    extreme = reduce(torch.where(mask, x, torch.full((), identity, dtype=x.dtype, device=x.device)))
+    return torch.where(mask.any(), extreme, empty_t)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from literl.distributed.cluster import (ClusterError, actor_options, kill_actors
                                         wait_all)
 from literl.distributed.trainer_rank import TrainerRank
 from literl.metric_reduction import MetricAccumulator
+from literl.model.capabilities import cluster_micro_batch_tokens
 from literl.ops import Ratio
 
 
@@ -127,7 +128,8 @@ class RayLearner:
         world = len(self.ranks)
         cursor = [0] * world
         for minibatch in train.minibatches():
-            micros = self.objective.micro_batches(minibatch, self.cfg.trainer.micro_batch_tokens)
+            micros = self.objective.micro_batches(minibatch,
+                                                  cluster_micro_batch_tokens(self.cfg.trainer.micro_batch_tokens))
             for i, micro in enumerate(micros):
                 rank = i % world
                 observe(micro, maps_per_rank[rank][cursor[rank]])

@@ -27,9 +27,9 @@ import torch
 from literl.distributed import weight_sync
 from literl.distributed.cluster import (ClusterError, actor_options, kill_actors, started, threads_for,
                                         wait_all)
+from literl.model.precision import MASTER_DTYPE
 from literl.rollout.generator import Generation, SamplingParams
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MAX_RETRIES = 3
 STUCK_AFTER_S = 30.0
 
@@ -44,7 +44,8 @@ class RolloutWorker:
         torch.set_num_threads(threads)
         device = torch.device("cuda" if cfg.cluster.gpus_per_worker > 0 and torch.cuda.is_available() else "cpu")
         self.device = device
-        self.policy = policy.to(device=device, dtype=DTYPES[cfg.model.dtype]).eval()
+        # The trainer's float32 weights, as a sync sends them (the engine keeps its own copy in rollout.dtype).
+        self.policy = policy.to(device=device, dtype=MASTER_DTYPE).eval()
         self.engine = HFEngine(self.policy, **engine_options)
         self._group = None
 

@@ -30,12 +30,13 @@ from literl.distributed import weight_sync
 from literl.distributed.cluster import free_port, node_address
 from literl.metric_reduction import MetricAccumulator
 from literl.model import PolicyForward
+from literl.model.capabilities import cluster_micro_batch_tokens
+from literl.model.precision import MASTER_DTYPE, compute_dtype
 from literl.objective import Objective
 from literl.training.learner import clip_gradients, close_step, micro_step, to_device
 from literl.training.optim import build_optimizer
 
 TRAINER_TIMEOUT = timedelta(minutes=10)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class _PolicyLogprobs(torch.nn.Module):
@@ -76,19 +77,24 @@ class TrainerRank:
         mesh = init_device_mesh(self.device.type, (self.world,))
         torch.manual_seed(cfg.seed)
         self.objective = Objective.from_config(cfg)
-        self.policy = policy.to(device=self.device, dtype=DTYPES[cfg.model.dtype])
+        # Mixed precision as in one process (literl/model/precision.py): float32 shards of the master weights,
+        # gradients and AdamW state, the forward under autocast, so the reduce-scatter sums float32 gradients.
+        self.policy = policy.to(device=self.device, dtype=MASTER_DTYPE)
+        compute = compute_dtype(cfg.model.dtype)
+        self.micro_batch_tokens = cluster_micro_batch_tokens(cfg.trainer.micro_batch_tokens)
         self.policy_forward = PolicyForward(
             self.policy, temperature=cfg.rollout.temperature, compile=cfg.trainer.compile, record_max_bytes=0,
-            max_tokens=cfg.trainer.micro_batch_tokens, routing_replay=cfg.algorithm.routing_replay,
-            router_aux_loss=cfg.algorithm.router_aux_loss_coef > 0)
+            max_tokens=self.micro_batch_tokens, routing_replay=cfg.algorithm.routing_replay,
+            router_aux_loss=cfg.algorithm.router_aux_loss_coef > 0, compute_dtype=compute,
+            packed=cfg.trainer.packed_attention)
         self.unit = _shard(_PolicyLogprobs(self.policy, self.policy_forward), mesh, fully_shard)
         self.optimizer, self.scheduler = build_optimizer(cfg, self.policy)
         self.reference_forward = self.reference_unit = None
         if reference is not None:
-            reference = reference.to(self.device).eval().requires_grad_(False)
+            reference = reference.to(device=self.device, dtype=compute).eval().requires_grad_(False)
             self.reference_forward = PolicyForward(reference, temperature=cfg.rollout.temperature,
-                                                   compile=cfg.trainer.compile,
-                                                   max_tokens=cfg.trainer.micro_batch_tokens)
+                                                   compile=cfg.trainer.compile, max_tokens=self.micro_batch_tokens,
+                                                   compute_dtype=compute, packed=cfg.trainer.packed_attention)
             self.reference_unit = _shard(_PolicyLogprobs(reference, self.reference_forward), mesh, fully_shard)
         self.policy.eval()
 
@@ -103,7 +109,7 @@ class TrainerRank:
         for k, minibatch in enumerate(train.minibatches()):
             acc = MetricAccumulator()
             self.optimizer.zero_grad(set_to_none=True)
-            micros = self.objective.micro_batches(minibatch, self.cfg.trainer.micro_batch_tokens)
+            micros = self.objective.micro_batches(minibatch, self.micro_batch_tokens)
             mine = micros[self.rank::self.world]
             rounds = math.ceil(len(micros) / self.world)
             step_loss = torch.zeros((), device=self.device)

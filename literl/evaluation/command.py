@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
 def cluster_engine(engine, args: argparse.Namespace):
     """The same engine's settings on `--rollout-workers` Ray actors (literl.distributed.rollout)."""
+    import torch
+
     from literl.config_loader import load_config
     from literl.distributed import connect
     from literl.distributed.rollout import RayRolloutGenerator
@@ -107,7 +109,9 @@ def cluster_engine(engine, args: argparse.Namespace):
     cfg = load_config(overrides=[f"cluster.address={args.cluster_address}", f"cluster.rollout_workers={args.rollout_workers}",
                                  f"model.dtype={args.dtype}"])
     ray = connect(cfg.cluster)
-    options = dict(eos_token_ids=engine.eos_token_ids, pad_id=engine.pad_id)
+    # A worker holds float32 weights (what a trainer's sync sends); its engine keeps its own copy in --dtype.
+    options = dict(eos_token_ids=engine.eos_token_ids, pad_id=engine.pad_id,
+                   dtype=None if args.dtype == "float32" else getattr(torch, args.dtype))
     return RayRolloutGenerator(ray, cfg, policy=engine.model.cpu(), engine_options=options)
 
 

@@ -8,7 +8,9 @@ leading shape, Q query heads, J key/value heads, F = Q·D, o_proj's input):
 - `dense`: a full forward over [rows, width] tokens, causal within them, optionally after a prefix of keys and
   values they all may attend to (their prompt's); optionally keeping each layer's own keys and values;
 - `replayed`: packed tokens whose attention output (and, on CPU, its log-sum-exp) a rollout recorded: the
-  forward returns the record, the backward is the attention's (`RecordedAttention`).
+  forward returns the record, the backward is the attention's (`RecordedAttention`);
+- `packed`: whole rows packed into one token stream without padding (`literl.model.packing`), each token attending
+  to its own row's earlier tokens, through one of `PACKED_KERNELS`.
 
 Grouped-query attention never repeats keys and values per query head: a static decode step views the query
 heads sharing a key/value head as that head's Z "queries"; the dense forward passes `enable_gqa`.
@@ -16,10 +18,17 @@ heads sharing a key/value head as that head's Z "queries"; the dense forward pas
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+
 import torch
 import torch.nn.functional as F
 
 from literl.model.kernels import gather_distinct_rows, padded
+
+# The packed stream's attention kernels (`packed`); `literl.model.capabilities` picks one per model and device.
+PACKED_KERNELS = ("varlen", "padded", "document_mask")
 
 
 def cached(keys_RJSD: torch.Tensor, values_RJSD: torch.Tensor, bias_R11S: torch.Tensor, column: int,
@@ -116,6 +125,94 @@ class RecordedAttention(torch.autograd.Function):
             grad_RQWD, query_RQWD, keys_RJSD, values_RJSD, out_RQWD, lse_RQW, 0.0, False, attn_mask=bias_R1WS,
             scale=ctx.scale)
         return (*grads, None, None, None, None, None)
+
+
+def packed(stream, kernel: str):
+    """Attention of a packed stream of rows (query_MQD; `stream` a `literl.model.packing.PackedRows` on the
+    device), each token over its own row's tokens up to itself. Kernels:
+
+        varlen         `torch.nn.attention.varlen.varlen_attn`: flash attention over the row starts, no padding, no
+                       mask, grouped-query heads natively (CUDA, 16-bit inputs)
+        padded         the stream scattered into right-padded [rows, width] rows, then SDPA with `is_causal` and
+                       `enable_gqa` and no mask (with a mask, no flash kernel applies), on CUDA restricted to the
+                       flash, memory-efficient and math kernels (cuDNN's builds a graph for every new shape); a
+                       row's padding comes after its tokens, so causal attention never reaches it
+        document_mask  SDPA over the whole stream with an [M, M] same-row-and-causal mask: O(M²) memory, the
+                       reference the others are tested against
+
+    Under autocast the kernels take its dtype (a custom kernel like varlen's is not autocast by torch)."""
+    run = {"varlen": _varlen, "padded": _padded_rows, "document_mask": _document_mask}[kernel]
+
+    def attend(attn, query_MQD, key_MJD, value_MJD):
+        return run(stream, *_in_autocast_dtype(query_MQD, key_MJD, value_MJD), attn.scaling).flatten(1)
+
+    return attend
+
+
+def _in_autocast_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    device_type = tensors[0].device.type
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) for t in tensors)
+
+
+def _varlen(stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch.Tensor:
+    from torch.nn.attention.varlen import varlen_attn
+
+    options = _varlen_options(scale, query_MQD.shape[-1], grouped=query_MQD.shape[1] != key_MJD.shape[1])
+    return varlen_attn(query_MQD, key_MJD, value_MJD, stream.cu_R1, stream.cu_R1, stream.width, stream.width,
+                       **options)
+
+
+@functools.cache
+def _varlen_parameters() -> frozenset[str]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _varlen_options(scale: float, head_dim: int, grouped: bool) -> dict:
+    """varlen_attn's keywords for causal attention at `scale`, by what this torch's signature takes: torch 2.9
+    had `is_causal`, later releases `window_size=(-1, 0)` and `scale`, 2.12 `enable_gqa` (the flash kernel under
+    it takes fewer key/value heads than query heads either way; the capability probe checks the numbers)."""
+    names = _varlen_parameters()
+    options: dict = {"is_causal": True} if "is_causal" in names else {"window_size": (-1, 0)}
+    if "scale" in names:
+        options["scale"] = scale
+    elif abs(scale * head_dim ** 0.5 - 1.0) > 1e-6:
+        raise NotImplementedError("this torch's varlen_attn has no scale argument and the model's attention scale "
+                                  "is not 1/sqrt(head_dim)")
+    if grouped and "enable_gqa" in names:
+        options["enable_gqa"] = True
+    return options
+
+
+def _padded_rows(stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch.Tensor:
+    R, W = stream.rows, stream.width
+    query_RQWD, key_RJWD, value_RJWD = (padded(x, stream.slot_M, R, W) for x in (query_MQD, key_MJD, value_MJD))
+    with _without_cudnn(query_MQD.device):
+        out_RQWD = F.scaled_dot_product_attention(query_RQWD, key_RJWD, value_RJWD, is_causal=True, scale=scale,
+                                                  enable_gqa=True)
+    return gather_distinct_rows(out_RQWD.transpose(1, 2).flatten(0, 1), stream.slot_M)
+
+
+def _without_cudnn(device: torch.device):
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def _document_mask(stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch.Tensor:
+    M = query_MQD.shape[0]
+    causal_MM = torch.ones(M, M, dtype=torch.bool, device=query_MQD.device).tril()
+    allowed_MM = causal_MM & (stream.row_M[:, None] == stream.row_M[None, :])
+    out_1QMD = F.scaled_dot_product_attention(query_MQD.transpose(0, 1)[None], key_MJD.transpose(0, 1)[None],
+                                              value_MJD.transpose(0, 1)[None], attn_mask=allowed_MM, scale=scale,
+                                              enable_gqa=True)
+    return out_1QMD[0].transpose(0, 1)
 
 
 def causal_bias(prefix_real_RX: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:

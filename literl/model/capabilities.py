@@ -16,14 +16,24 @@
                     dense models and blocks it does not understand
     window          the sliding attention window, if any (the runtime attends to every position, so it is exact
                     only on sequences shorter than the window)
+    packed_kernel   per compute dtype: the attention kernel of the packed route (whole rows as one token stream
+                    without padding, `literl.model.packing`) on this model's device, or None where the update does
+                    not pack (`PACKED_ROUTE`)
 
 Structure is read from the modules and config; each numerical probe runs once per model, on a few tokens, the
-first time its answer is needed, and compares the mode with the model's own forward.
+first time its answer is needed, and compares the mode with the model's own forward, within a tolerance scaled to
+the precision it computes in (`probe_tolerance`). A mode whose probe fails is not used, and the log says once
+why; an out-of-memory or an accelerator backend error during a probe is raised, never taken for "not supported".
+
+Device choices made here by measurement (or, where no measurement exists yet, said so): `records_forward` (the
+update replaying the rollout's forward: CPU only), `PACKED_ROUTE` (which devices pack rows, with which kernels),
+and `micro_batch_tokens` (`trainer.micro_batch_tokens=auto`: sized from free accelerator memory).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import weakref
 
 import torch
@@ -33,10 +43,22 @@ from literl.model.forward import response_hidden
 from literl.model.head import linear_head
 from literl.model.layer import has_layer_structure
 from literl.model.moe import MoeShape, Routing, is_sparse_moe, moe_block
+from literl.model.packing import pack_rows, packed_layers
+from literl.model.precision import computing_in
 from literl.model.prompts import batch_prompts, distinct_prompts, prefill
 from literl.model.record import Recorder, can_record
 
-_PROBE_ERRORS = (AttributeError, TypeError, ValueError, RuntimeError, IndexError)
+log = logging.getLogger(__name__)
+# Errors that say a mode does not fit a model (a part it lacks, a shape it cannot take): the probe answers "no".
+# (An ImportError: this torch lacks the kernel a mode needs.)
+_STRUCTURE_ERRORS = (AttributeError, TypeError, ValueError, IndexError, KeyError, NotImplementedError, ImportError,
+                     RuntimeError)
+# Words of an accelerator backend's error (cuBLAS, cuDNN, a kernel launch, out of memory): raised, not a "no".
+_BACKEND_WORDS = ("cuda", "cudnn", "cublas", "nccl", "hip error", "out of memory", "device-side", "illegal memory")
+# Probe tolerances are relative to the largest expected value (+1) and hold for float32; a narrower compute dtype
+# gets this many of its epsilons instead (bfloat16: 8 × 2⁻⁷ = 0.0625), so that its rounding is not taken for a
+# wrong mode, while a wrong mask or position still differs by O(1).
+PROBE_EPSILONS = 8
 _cache: "weakref.WeakKeyDictionary[torch.nn.Module, Capabilities]" = weakref.WeakKeyDictionary()
 
 
@@ -52,6 +74,7 @@ class Capabilities:
 
     def __init__(self, model: torch.nn.Module):
         self._model = weakref.ref(model)
+        self._packed: dict[torch.dtype | None, str | None] = {}
 
     @property
     def model(self) -> torch.nn.Module:
@@ -71,28 +94,41 @@ class Capabilities:
 
     @functools.cached_property
     def shared_prompts(self) -> bool:
-        return _probing(self.model, _shared_prompts_match, self.layers)
+        return _probing(self.model, "the shared-prompt training forward", _shared_prompts_match, self.layers)
 
     @functools.cached_property
     def static_decode(self) -> bool:
-        return has_layer_structure(self.model) and _probing(self.model, _static_decode_matches)
+        return has_layer_structure(self.model) and _probing(self.model, "the static-cache decode step",
+                                                            _static_decode_matches)
 
     @functools.cached_property
     def record(self) -> bool:
         return self.layers and self.static_decode and can_record(self.model) and _probing(
-            self.model, _recording_matches)
+            self.model, "recording the decode's forward", _recording_matches)
 
     @functools.cached_property
     def head(self) -> torch.nn.Linear | None:
         head = linear_head(self.model)
-        return head if head is not None and _probing(self.model, _head_matches, head) else None
+        return head if head is not None and _probing(self.model, "the chunked LM head", _head_matches, head) else None
 
     @functools.cached_property
     def moe(self) -> MoeShape | None:
         shape = MoeShape.of(self.model) if self.layers else None
         if shape is None or getattr(self.model.config, "router_jitter_noise", 0.0):    # no jitter in moe_block
             return None
-        return shape if _probing(self.model, _moe_blocks_match) else None
+        return shape if _probing(self.model, "routing MoE layers through the runtime", _moe_blocks_match) else None
+
+    def packed_kernel(self, dtype: torch.dtype | None = None) -> str | None:
+        """The attention kernel of the packed training route for forwards computing in `dtype` (None: the
+        parameters' own), the first of `PACKED_ROUTE[device]` whose packed forward matches the model's own; None
+        where rows are not packed (that device has no packed route, or no kernel matched)."""
+        if dtype not in self._packed:
+            device = next(self.model.parameters()).device
+            kernels = PACKED_ROUTE.get(device.type, ()) if self.layers else ()
+            self._packed[dtype] = next((kernel for kernel in kernels if _probing(
+                self.model, f"the packed training forward ({kernel} attention)", _packed_matches, kernel, dtype)),
+                None)
+        return self._packed[dtype]
 
 
 def attention_window(model: torch.nn.Module) -> int | None:
@@ -112,26 +148,63 @@ def attention_window(model: torch.nn.Module) -> int | None:
     return None if getattr(config, "use_sliding_window", True) is False else int(window)
 
 
-def _probing(model: torch.nn.Module, probe, *args) -> bool:
-    """probe(model, *args) in eval mode without autograd; a probe that raises means "not supported"."""
+class ProbeMismatch(Exception):
+    """A mode's numbers differ from the model's own forward beyond the probe's tolerance."""
+
+
+def _probing(model: torch.nn.Module, mode: str, probe, *args) -> bool:
+    """probe(model, *args) in eval mode without autograd: whether `mode` gives the model's own numbers. A mismatch
+    or an error saying the mode does not fit the model means "no", logged once (a cached answer is not probed
+    again) with why; an out-of-memory or an accelerator backend error is raised, so that a failing GPU never
+    passes for a model that needs a slower path."""
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            return bool(probe(model, *args))
-    except _PROBE_ERRORS:
-        return False
+            supported = bool(probe(model, *args))
+        why = "its numbers differ from the model's own forward"
+    except ProbeMismatch as err:
+        supported, why = False, str(err)
+    except _STRUCTURE_ERRORS as err:
+        if is_backend_error(err):
+            raise
+        supported, why = False, f"it raised {type(err).__name__}: {err}"
     finally:
         model.train(was_training)
+    if not supported:
+        log.warning("literl: %s is not used for %s: %s; a slower path runs instead", mode, type(model).__name__, why)
+    return supported
+
+
+def is_backend_error(err: BaseException) -> bool:
+    """An out-of-memory or an accelerator runtime error (as opposed to a mode that does not fit the model)."""
+    if isinstance(err, torch.OutOfMemoryError) or type(err).__name__ == "AcceleratorError":
+        return True
+    return isinstance(err, RuntimeError) and any(word in str(err).lower() for word in _BACKEND_WORDS)
+
+
+def probe_tolerance(dtype: torch.dtype, full_precision: float) -> float:
+    """A probe's tolerance for numbers computed in `dtype`: `full_precision` for float32/64, else PROBE_EPSILONS of
+    the dtype's epsilon (and never less than `full_precision`)."""
+    if dtype in (torch.float32, torch.float64):
+        return full_precision
+    return max(full_precision, PROBE_EPSILONS * torch.finfo(dtype).eps)
+
+
+def _tolerance(model: torch.nn.Module, full_precision: float) -> float:
+    return probe_tolerance(next(model.parameters()).dtype, full_precision)
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor, tolerance: float) -> bool:
-    scale = float(expected.abs().max()) + 1.0
-    return got.shape == expected.shape and float((got.float() - expected.float()).abs().max()) <= tolerance * scale
-
-
-def _full_precision(model: torch.nn.Module) -> bool:
-    return next(model.parameters()).dtype in (torch.float32, torch.float64)
+    """True when got matches expected within tolerance × (max |expected| + 1); else raises ProbeMismatch."""
+    if got.shape != expected.shape:
+        raise ProbeMismatch(f"shape {tuple(got.shape)} instead of {tuple(expected.shape)}")
+    scale = float(expected.abs().max()) + 1.0 if expected.numel() else 1.0
+    error = float((got.float() - expected.float()).abs().max()) if got.numel() else 0.0
+    if not error <= tolerance * scale:      # NaN fails too
+        raise ProbeMismatch(f"max |difference| {error:.3g} from the model's own forward, above the tolerance "
+                            f"{tolerance:.3g} × {scale:.3g}")
+    return True
 
 
 def _vocab_and_device(model: torch.nn.Module) -> tuple[int, torch.device]:
@@ -154,7 +227,7 @@ def _shared_prompts_match(model: torch.nn.Module, by_layers: bool) -> bool:
     hidden_BLH = decoder(input_ids=tokens_BL, use_cache=False).last_hidden_state
     positions_BT = (prompt_len_B[:, None] - 1 + torch.arange(4, device=device)[None, :]).clamp(max=5)
     expected_MH = hidden_BLH[torch.arange(4, device=device)[:, None].expand(-1, 4), positions_BT][valid_BT]
-    return _close(got_MH, expected_MH, 1e-3)
+    return _close(got_MH, expected_MH, _tolerance(model, 1e-3))
 
 
 def _static_decode_matches(model: torch.nn.Module) -> bool:
@@ -169,12 +242,11 @@ def _static_decode_matches(model: torch.nn.Module) -> bool:
     for t in range(len(continuations[0])):
         got.append(decoder.step(torch.tensor([c[t] % vocab for c in continuations], device=device)).float())
     got_RNV = torch.stack(got, dim=1)
-    tolerance = 1e-3 if _full_precision(model) else 5e-2
+    tolerance = _tolerance(model, 1e-3)
     for row, (p, c) in enumerate(zip(prompts, continuations)):
         ids_1L = torch.tensor([[t % vocab for t in p + c]], device=device)
         expected_NV = model(input_ids=ids_1L, use_cache=False).logits[0, len(p) - 1:]
-        if not _close(got_RNV[row], expected_NV, tolerance):
-            return False
+        _close(got_RNV[row], expected_NV, tolerance)
     return True
 
 
@@ -189,7 +261,7 @@ def _recording_matches(model: torch.nn.Module) -> bool:
         record = Recorder(model, max_bytes=1 << 62).start(model, 2, len(tokens) + 1, device) if recording else None
         decoder = StaticKVDecoder(model, cache, prepared, len(tokens) + 1, record=record)
         logits.append(torch.stack([decoder.step(token_R).float() for token_R in tokens]))
-    return _close(logits[1], logits[0], 1e-4 if _full_precision(model) else 5e-2)
+    return _close(logits[1], logits[0], _tolerance(model, 1e-4))
 
 
 def _head_matches(model: torch.nn.Module, head: torch.nn.Linear) -> bool:
@@ -198,7 +270,7 @@ def _head_matches(model: torch.nn.Module, head: torch.nn.Linear) -> bool:
     probe_1L = torch.arange(3, device=device)[None, :] % vocab
     expected = model(input_ids=probe_1L, use_cache=False).logits
     got = head(model.get_decoder()(input_ids=probe_1L, use_cache=False).last_hidden_state)
-    return expected.shape == got.shape and torch.allclose(expected.float(), got.float(), rtol=1e-4, atol=1e-4)
+    return _close(got, expected, _tolerance(model, 1e-4))
 
 
 def _moe_blocks_match(model: torch.nn.Module) -> bool:
@@ -216,8 +288,122 @@ def _moe_blocks_match(model: torch.nn.Module) -> bool:
         reweighted = Routing(reweight=True)
         index_M = torch.arange(5, device=weight.device)
         routes = reweighted.at(torch.zeros_like(index_M), index_M, torch.ones_like(index_M, dtype=torch.bool))
-        tolerance = 1e-4 if _full_precision(model) else 5e-2
-        if not (_close(moe_block(mlp, x_1MH[0]), expected[0], tolerance)
-                and _close(moe_block(mlp, x_1MH[0], routes.layer(0)), expected[0], tolerance)):
-            return False
+        tolerance = _tolerance(model, 1e-4)
+        _close(moe_block(mlp, x_1MH[0]), expected[0], tolerance)
+        _close(moe_block(mlp, x_1MH[0], routes.layer(0)), expected[0], tolerance)
     return True
+
+
+# ------------------------------------------------------------------------------------------ device routes
+# Devices whose update replays the rollout's recorded forward (literl/model/record.py). On CPU it is measured to
+# pay (docs/speed.md: update time −15% eager, −27% compiled against the computed forward, alternating A/B). On a
+# GPU it is not measured, and the arithmetic says it does not pay: a record moves
+# ~1.4 MB per token (Qwen3-0.6B: 28 layers × 12,288 fp32 outputs) to save ~1 µs of matmul per token at H100 rates
+# (2N = 0.9 GFLOP at 989 TFLOP/s), and a replayed update cannot take the packed route. So it is off there.
+RECORD_REPLAY_DEVICES = ("cpu",)
+
+# Devices whose update packs whole rows into one token stream, and the attention kernels to try there, in order
+# (`attention.packed`). CUDA: varlen first (flash attention over the row starts: no padding, no mask, native
+# grouped-query heads), then padded rows through SDPA's flash kernel (no mask, `is_causal`). Chosen by the issue's
+# reasoning, NOT MEASURED: no GPU was lent when this was built; `benchmarks/gpu_step.py --attention` times both
+# (docs/speed.md). CPU packs nothing: its shared-prompt and replayed forwards are measured faster there (each
+# distinct prompt runs once, the record skips the forward matmuls) and keep the default job's numbers.
+PACKED_ROUTE: dict[str, tuple[str, ...]] = {"cuda": ("varlen", "padded")}
+
+
+def records_forward(device: torch.device) -> bool:
+    """Whether an update on `device` replays the rollout's forward (see RECORD_REPLAY_DEVICES)."""
+    return torch.device(device).type in RECORD_REPLAY_DEVICES
+
+
+def _packed_matches(model: torch.nn.Module, kernel: str, dtype: torch.dtype | None) -> bool:
+    """The packed forward of three rows of different lengths, computing in `dtype`, against the decoder's own
+    forward on the right-padded rows (in the same precision): hidden states at every response predictor."""
+    vocab, device = _vocab_and_device(model)
+    rows = [[3, 4, 5, 6, 7, 8, 9], [3, 4, 10], [11, 12, 13, 14, 15]]
+    prompt_len_B = torch.tensor([3, 2, 1])
+    tokens_BL = torch.tensor([[t % vocab for t in r] + [0] * (7 - len(r)) for r in rows])
+    valid_BT = torch.arange(6)[None, :] < (torch.tensor([len(r) for r in rows]) - prompt_len_B)[:, None]
+    packed = pack_rows(tokens_BL, prompt_len_B, valid_BT)
+    decoder = model.get_decoder()
+    with computing_in(model, dtype):
+        got_PH = packed_layers(decoder, packed.to(device), kernel)
+        hidden_BLH = decoder(input_ids=tokens_BL.to(device), use_cache=False).last_hidden_state
+    b_P, t_P = valid_BT.nonzero(as_tuple=True)
+    expected_PH = hidden_BLH[b_P.to(device), (prompt_len_B[b_P] - 1 + t_P).to(device)]
+    return _close(got_PH, expected_PH, probe_tolerance(dtype or next(model.parameters()).dtype, 1e-3))
+
+
+# ------------------------------------------------------------------------------------------ micro-batch size
+# What trainer.micro_batch_tokens=auto is off accelerators: the CPU figure the setting had before it could be auto.
+CPU_MICRO_BATCH_TOKENS = 16384
+# On an accelerator, `auto` measures the update's activation memory per token (a packed forward and backward at
+# two sizes, the difference over the difference) and takes this share of the memory left (free now, plus what the
+# allocator holds unused, minus the gradients and AdamW moments not yet allocated): the rest absorbs fragmentation
+# and the head's tiles. Not measured on a GPU yet (docs/speed.md).
+AUTO_MEMORY_SHARE = 0.8
+AUTO_PROBE_TOKENS = (1024, 3072)
+AUTO_TOKEN_LIMITS = (1024, 262144)
+
+
+def tokens_for_memory(available_bytes: float, bytes_per_token: float, *, share: float = AUTO_MEMORY_SHARE,
+                      limits: tuple[int, int] = AUTO_TOKEN_LIMITS) -> int:
+    """Tokens per micro-batch that fit `share` of `available_bytes` at `bytes_per_token`, rounded down to a
+    multiple of 1024 and kept within `limits`."""
+    if bytes_per_token <= 0:
+        return limits[1]
+    tokens = int(max(available_bytes, 0.0) * share / bytes_per_token) // 1024 * 1024
+    return max(limits[0], min(limits[1], tokens))
+
+
+def micro_batch_tokens(policy_forward, setting: int | str) -> int:
+    """The padded (packed: real) tokens per forward/backward for `trainer.micro_batch_tokens=setting`: the number
+    itself, or for `auto` CPU_MICRO_BATCH_TOKENS off accelerators and, on CUDA, what the free memory holds."""
+    if setting != "auto":
+        return int(setting)
+    device = policy_forward.device
+    if device.type != "cuda":
+        return CPU_MICRO_BATCH_TOKENS
+    per_token = _activation_bytes_per_token(policy_forward)
+    free, _ = torch.cuda.mem_get_info(device)
+    held = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    trainable = [p for p in policy_forward.model.parameters() if p.requires_grad]
+    pending = sum(p.numel() * 4 * 3 for p in trainable) if all(p.grad is None for p in trainable) else 0
+    tokens = tokens_for_memory(free + held - pending, per_token)
+    log.info("literl: trainer.micro_batch_tokens=auto: %d tokens (%.0f KB of activations per token, %.1f GiB free)",
+             tokens, per_token / 1024, (free + held - pending) / 2**30)
+    return tokens
+
+
+def _activation_bytes_per_token(policy_forward) -> float:
+    """Peak memory of an update's forward and backward per token (of a no-grad forward, for a frozen model),
+    measured at two sizes on rows of 256 tokens."""
+    device, model = policy_forward.device, policy_forward.model
+    vocab = model.get_output_embeddings().out_features
+    params = [p for p in model.parameters() if p.requires_grad]
+    peaks, counts = [], []
+    generator = torch.Generator().manual_seed(0)
+    for tokens in AUTO_PROBE_TOKENS:
+        rows, width = tokens // 256, 256
+        counts.append(rows * (width - 1))       # a row's stream: its prompt token and all but its last response token
+        tokens_BL = torch.randint(vocab, (rows, width), generator=generator)
+        prompt_len_B = torch.ones(rows, dtype=torch.long)
+        mask_BT = torch.ones(rows, width - 1, dtype=torch.bool)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        with torch.enable_grad():
+            logp_BT, entropy_BT = policy_forward.token_logprobs(tokens_BL, prompt_len_B, width - 1, mask_BT=mask_BT,
+                                                                with_entropy=True)
+            if params and logp_BT.requires_grad:
+                torch.autograd.grad((logp_BT.sum() + entropy_BT.sum()), params, allow_unused=True)
+        del logp_BT, entropy_BT
+        torch.cuda.synchronize(device)
+        peaks.append(torch.cuda.max_memory_allocated(device) - base)
+    return (peaks[1] - peaks[0]) / (counts[1] - counts[0])
+
+
+def cluster_micro_batch_tokens(setting: int | str) -> int:
+    """Tokens per micro-batch on a Ray cluster, where the driver and every trainer rank split a step alike (each
+    rank measuring its own memory could disagree): `auto` is CPU_MICRO_BATCH_TOKENS there."""
+    return CPU_MICRO_BATCH_TOKENS if setting == "auto" else int(setting)

@@ -9,11 +9,14 @@ the trainer asks it for the log-probs of a batch and never threads those through
 
     head is not a plain linear map         → the model's own logits (direct)
     record valid for these weights         → replayed (literl.model.forward, literl.model.record)
+    the device packs rows (CUDA)           → packed: whole rows as one token stream (literl.model.packing)
     rows share prompts, shared path exact  → shared prompts, hand-applied layers (or the model's cached forward)
     otherwise                              → whole rows through the model's own forward, grouped by length
 
 and the head then runs tile by tile (`literl.model.head`). Gradients reach every parameter, the tied embedding
-included, whenever autograd is on.
+included, whenever autograd is on. With a `compute_dtype` narrower than the parameters (`model.dtype=bfloat16`
+over float32 master weights, `literl.model.precision`) the layers run under autocast and the head's matmuls in
+that dtype; log-probs, entropies and gradients come back in float32.
 """
 
 from __future__ import annotations
@@ -22,16 +25,20 @@ from typing import NamedTuple
 
 import torch
 
-from literl.model.capabilities import capabilities
+from literl.model.attention import PACKED_KERNELS
+from literl.model.capabilities import capabilities, micro_batch_tokens
 from literl.model.forward import hidden_by_length, response_hidden
 from literl.model.grouping import forward_groups, replay_groups
 from literl.model.head import Tiling, direct_logprobs, head_logprobs, scatter_rows
 from literl.model.moe import OLD_ROUTES, ROLLOUT_ROUTES, Routing, new_routes
+from literl.model.packing import pack_rows, packed_layers, unpacked
+from literl.model.precision import autocasts, computing_in
 from literl.model.prompts import batch_prompts
 from literl.model.record import ForwardRecord, Recorder
 from literl.ops import Ratio
 
 ROUTING_REPLAY = ("none", "r2", "r3")
+PACKING = ("auto", "off", *PACKED_KERNELS)
 
 
 class Logprobs(NamedTuple):
@@ -50,23 +57,34 @@ class PolicyForward:
     compile          run the hand-applied layers through `torch.compile` (Llama/Qwen-style models)
     record_max_bytes memory the rollout may use to keep its forward for this model (0: never); the engine
                      writes into `recorder`, and `watch(optimizer)` makes records stale after each step
-    max_tokens       padded tokens per forward of `batch_logprobs` (the no-grad passes)
+    max_tokens       padded tokens per forward of `batch_logprobs` (the no-grad passes), or "auto"
+                     (`capabilities.micro_batch_tokens`)
     tiling           the head's tile (`head.Tiling.default` for the model's device when None)
+    compute_dtype    the dtype the forward computes in (None: the parameters'); narrower than the parameters, the
+                     layers run under autocast (mixed precision, `literl.model.precision`)
+    packed           "auto": pack rows where `capabilities.packed_kernel` says (CUDA); "off": never; a kernel of
+                     `attention.PACKED_KERNELS`: always, with that kernel (tests, benchmarks)
     routing_replay   for the policy of a mixture-of-experts model: "none" | "r2" | "r3" (see `_routing`); None
                      (the reference) routes naturally and records nothing
     router_aux_loss  the update's forwards also return the MoE load-balancing loss (`moe.Routing.balance_loss`)
     """
 
     def __init__(self, model: torch.nn.Module, *, temperature: float = 1.0, compile: bool = False,
-                 record_max_bytes: int = 0, max_tokens: int = 16384, tiling: Tiling | None = None,
-                 routing_replay: str | None = None, router_aux_loss: bool = False):
+                 record_max_bytes: int = 0, max_tokens: int | str = 16384, tiling: Tiling | None = None,
+                 routing_replay: str | None = None, router_aux_loss: bool = False,
+                 compute_dtype: torch.dtype | None = None, packed: str = "auto"):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (got {temperature})")
         if routing_replay not in (None, *ROUTING_REPLAY):
             raise ValueError(f"routing_replay must be one of {ROUTING_REPLAY} or None (got {routing_replay!r})")
+        if packed not in PACKING:
+            raise ValueError(f"packed must be one of {PACKING} (got {packed!r})")
         self.model, self.temperature, self.compile = model, float(temperature), bool(compile)
         self.device = next(model.parameters()).device
-        self.max_tokens = int(max_tokens)
+        self._max_tokens = max_tokens if max_tokens == "auto" else int(max_tokens)
+        # The dtype the layers autocast to (None: they compute in the parameters' own dtype).
+        self.compute_dtype = compute_dtype if autocasts(model, compute_dtype) else None
+        self.packed = packed
         self.recorder = Recorder(model, record_max_bytes) if record_max_bytes > 0 else None
         self._tiling = tiling
         self.routing_replay = routing_replay
@@ -77,6 +95,25 @@ class PolicyForward:
                              f"model routed its tokens to, but {type(model).__name__} has no MoE layers the runtime "
                              f"can route (a dense model, or MoE blocks it does not run); set "
                              f"algorithm.routing_replay=none")
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens per forward (`max_tokens`, with "auto" resolved once: `capabilities.micro_batch_tokens`)."""
+        if self._max_tokens == "auto":
+            self._max_tokens = micro_batch_tokens(self, "auto")
+        return self._max_tokens
+
+    @property
+    def packed_kernel(self) -> str | None:
+        """The attention kernel when this forward packs rows into one token stream, else None."""
+        if self.packed == "off":
+            return None
+        if self.packed != "auto":
+            if not capabilities(self.model).layers:
+                raise ValueError(f"packed={self.packed}: {type(self.model).__name__} does not run through literl's "
+                                 "layer body, which the packed forward needs")
+            return self.packed
+        return capabilities(self.model).packed_kernel(self.compute_dtype)
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Count this optimizer's steps: a record made before a step never stands in for the weights after it."""
@@ -203,11 +240,15 @@ class PolicyForward:
         when it still matches the model's weights: same values, gradients within float rounding. A `routing`
         (`literl.model.moe.Routing` over these rows) routes the MoE layers of every token by its batch position.
         """
-        tokens_BL, prompt_len_B = tokens_BL.to(self.device), prompt_len_B.to(self.device)
         B = tokens_BL.shape[0]
         if B == 0 or T == 0:
             empty = torch.zeros(B, T, device=self.device)
             return empty, (empty.clone() if with_entropy else None)
+        caps = capabilities(self.model)
+        if (mask_BT is not None and self.packed_kernel is not None and not self.replays(record)
+                and caps.head is not None and caps.fits_window(tokens_BL.shape[1])):
+            return self._packed_logprobs(tokens_BL, prompt_len_B, mask_BT[:, :T], with_entropy, routing)
+        tokens_BL, prompt_len_B = tokens_BL.to(self.device), prompt_len_B.to(self.device)
         if int(prompt_len_B.min()) < 1:
             raise ValueError("every row needs a prompt of at least one token")
         pos_BT = prompt_len_B[:, None] - 1 + torch.arange(T, device=self.device)[None, :]
@@ -218,22 +259,46 @@ class PolicyForward:
         dense = mask_BT is None
         valid_BT = torch.ones(B, T, dtype=torch.bool, device=self.device) if dense else mask_BT.to(self.device).bool()
 
-        caps = capabilities(self.model)
         head = caps.head
         if head is None:
-            return direct_logprobs(self.model, tokens_BL[:, :L], pos_BT, target_BT, valid_BT, self.temperature,
-                                   with_entropy)
-        if dense:
-            hidden_BLH = self.model.get_decoder()(input_ids=tokens_BL[:, :L], use_cache=False).last_hidden_state
-            hidden_MH = hidden_BLH.gather(1, pos_BT[:, :, None].expand(-1, -1, hidden_BLH.shape[-1])).flatten(0, 1)
-        else:
-            hidden_MH = self._response_hidden(tokens_BL, prompt_len_B, pos_BT, valid_BT, record, routing)
+            with computing_in(self.model, self.compute_dtype):
+                return direct_logprobs(self.model, tokens_BL[:, :L], pos_BT, target_BT, valid_BT, self.temperature,
+                                       with_entropy)
+        with computing_in(self.model, self.compute_dtype):
+            if dense:
+                hidden_BLH = self.model.get_decoder()(input_ids=tokens_BL[:, :L], use_cache=False).last_hidden_state
+                index_BTH = pos_BT[:, :, None].expand(-1, -1, hidden_BLH.shape[-1])
+                hidden_MH = hidden_BLH.gather(1, index_BTH).flatten(0, 1)
+            else:
+                hidden_MH = self._response_hidden(tokens_BL, prompt_len_B, pos_BT, valid_BT, record, routing)
+        if not dense:
             self._note_agreement(routing)
-        tiling = self._tiling or Tiling.default(head.out_features, self.device)
         logp_M, entropy_M = head_logprobs(head, hidden_MH, target_BT[valid_BT], self.temperature, with_entropy,
-                                          tiling)
+                                          self._head_tiling(head), self.compute_dtype)
         logp_BT = scatter_rows(logp_M, valid_BT, dense)
         return logp_BT, (scatter_rows(entropy_M, valid_BT, dense) if with_entropy else None)
+
+    def _packed_logprobs(self, tokens_BL, prompt_len_B, valid_BT, with_entropy: bool, routing: Routing | None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The packed route: the rows' stream laid out on the CPU (every shape and index known there, so nothing
+        waits on the device), moved in one copy, run through the layers and the head."""
+        packed = pack_rows(tokens_BL, prompt_len_B, valid_BT)
+        if packed.target_P.numel() == 0:
+            empty = torch.zeros(valid_BT.shape, device=self.device)
+            return empty, (empty.clone() if with_entropy else None)
+        packed = packed.to(self.device)
+        routes = None if routing is None else routing.at(packed.row_M, packed.position_M,
+                                                         torch.ones_like(packed.row_M, dtype=torch.bool))
+        with computing_in(self.model, self.compute_dtype):
+            hidden_PH = packed_layers(self.model.get_decoder(), packed, self.packed_kernel, routes)
+        self._note_agreement(routing)
+        head = capabilities(self.model).head
+        logp_P, entropy_P = head_logprobs(head, hidden_PH, packed.target_P, self.temperature, with_entropy,
+                                          self._head_tiling(head), self.compute_dtype)
+        return unpacked(logp_P, packed), (unpacked(entropy_P, packed) if with_entropy else None)
+
+    def _head_tiling(self, head: torch.nn.Linear) -> Tiling:
+        return self._tiling or Tiling.default(head.out_features, self.device)
 
     def replays(self, record: ForwardRecord | None) -> bool:
         """Whether a forward of rows carrying this record replays it: the record is still in its buffers, was made

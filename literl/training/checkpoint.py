@@ -7,7 +7,9 @@ Ctrl-C mid-write never leaves a half checkpoint where a resume would find it.
     <run>/checkpoints/step_000040/trainer_state.pt optimizer, scheduler, RNGs, prompt-stream position, step
     <run>/checkpoints/step_000040/config.yaml      the run's resolved config when the checkpoint was written
     <run>/checkpoints/latest                       name of the newest complete checkpoint
-    <run>/final/                                   the trained model, loadable by transformers and vLLM
+    <run>/final/                                   the trained model, loadable by transformers and vLLM, in the
+                                                   compute dtype (model.dtype; checkpoints keep the float32
+                                                   master weights)
 
 Loading is safe on files from elsewhere: trainer_state.pt holds only tensors and plain data (RNG states
 included) and is read with `torch.load(weights_only=True)`, which runs no code; `latest` can only name a
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from literl.data.files import write_text_atomic
 from literl.lora import is_lora, load_adapter_state
@@ -45,13 +47,17 @@ class DiskFullError(OSError):
     """A save ran out of disk space; the message names the free space and trainer.keep_checkpoints."""
 
 
-def save_model(directory: Path, model: torch.nn.Module, tokenizer) -> Path:
-    """Write `model` and `tokenizer` with save_pretrained, atomically replacing `directory`."""
+def save_model(directory: Path, model: torch.nn.Module, tokenizer, *, dtype: torch.dtype | None = None) -> Path:
+    """Write `model` and `tokenizer` with save_pretrained, atomically replacing `directory`. `dtype`: the model's
+    floating weights are written in it and its config.json says so (`final/` in the compute dtype, as Hugging Face
+    users expect; the float32 master weights in memory are untouched)."""
     directory = Path(directory)
     tmp = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
+        if dtype is not None:
+            _convert_saved_weights(tmp, dtype)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     except OSError as err:
@@ -60,6 +66,23 @@ def save_model(directory: Path, model: torch.nn.Module, tokenizer) -> Path:
         raise
     _replace_dir(tmp, directory)
     return directory
+
+
+def _convert_saved_weights(folder: Path, dtype: torch.dtype) -> None:
+    """Rewrite a saved model folder's weight files (not its adapter/) with floating tensors in `dtype`, and the
+    `dtype` of its config.json. One file at a time, so memory holds one shard and its converted copy."""
+    import json
+
+    name = str(dtype).split(".")[-1]
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors = {key: value.to(dtype) if value.is_floating_point() else value
+                   for key, value in load_file(str(file)).items()}
+        save_file(tensors, str(file), metadata={"format": "pt"})
+    config = folder / "config.json"
+    if config.exists():
+        data = json.loads(config.read_text(encoding="utf-8"))
+        data["dtype"] = name
+        config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:

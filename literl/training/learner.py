@@ -97,14 +97,18 @@ def micro_step(forward: Callable, objective, micro: TrainBatch, device: torch.de
     its (detached) loss.
 
     `forward(micro)` returns (logp_BT, entropy_BT, aux_loss). Shared by every learner so that the numbers of an
-    update are computed by one piece of code wherever it runs."""
+    update are computed by one piece of code wherever it runs. `micro` is the CPU-side batch: token counts are read
+    from it, never from a device tensor, and the metrics stay on the device until the step asks for them
+    (`MetricAccumulator`), so on a GPU nothing here waits for the device."""
     logp_BT, entropy_BT, aux_loss = forward(micro)
-    out = objective.loss(logp_BT, to_device(micro, device), entropy_BT, aux_loss=aux_loss)
+    loss_tokens, response_tokens = int(micro.loss_mask_BT.sum()), int(micro.mask_BT.sum())
+    on_device = to_device(micro, device)
+    out = objective.loss(logp_BT, on_device, entropy_BT, aux_loss=aux_loss, loss_tokens=loss_tokens)
     out.loss.backward()
-    acc.add(out.metrics, weight=out.num_loss_tokens)
-    acc.add({f"st/ppo_kl_mb{minibatch}": out.metrics.get("st/ppo_kl", 0.0)}, weight=out.num_loss_tokens)
-    mask = micro.mask_BT.to(device)
-    acc.add({"entropy/mean": masked_mean(entropy_BT.detach(), mask)}, weight=int(mask.sum()))
+    acc.add(out.metrics, weight=loss_tokens)
+    acc.add({f"st/ppo_kl_mb{minibatch}": out.metrics.get("st/ppo_kl", 0.0)}, weight=loss_tokens)
+    mask = on_device.mask_BT
+    acc.add({"entropy/mean": masked_mean(entropy_BT.detach(), mask)}, weight=response_tokens)
     acc.add({"entropy/token_max": masked_max(entropy_BT.detach(), mask)})
     return out.token_maps, out.loss.detach().float()
 
@@ -125,25 +129,32 @@ class InProcessLearner:
     """The update and the log-prob passes in this process, on the policy's own `PolicyForward`."""
 
     def __init__(self, *, policy: torch.nn.Module, policy_forward, reference, objective, optimizer, scheduler,
-                 micro_batch_tokens: int, max_grad_norm: float, device: torch.device):
+                 micro_batch_tokens: int | str, max_grad_norm: float, device: torch.device):
         self._policy, self.policy_forward, self.reference = policy, policy_forward, reference
         self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
         self.micro_batch_tokens, self.max_grad_norm, self.device = micro_batch_tokens, max_grad_norm, device
 
     def update(self, train: TrainBatch, observe: Observe | None = None, on_step: OnStep | None = None
                ) -> dict[str, float]:
-        """N optimizer steps; each accumulates its micro-batches' exact shares of the step loss."""
+        """N optimizer steps; each accumulates its micro-batches' exact shares of the step loss. Micro-batches hold
+        at most `micro_batch_tokens` padded tokens, or real tokens where the policy forward packs rows (no padding
+        is computed there). Nothing in the micro-batch loop reads a device value: the loss, the metrics and the
+        token maps `observe` looks at are read once the step's micro-batches are done."""
         acc = MetricAccumulator()
         self._policy.train()
         forward = lambda micro: self.policy_forward.logprobs(micro, with_entropy=True)  # noqa: E731
+        budget = self.micro_batch_tokens if self.micro_batch_tokens != "auto" else self.policy_forward.max_tokens
+        packed = self.policy_forward.packed_kernel is not None
         for k, minibatch in enumerate(train.minibatches()):
             self.optimizer.zero_grad(set_to_none=True)
-            loss_tokens, step_loss = 0, 0.0
-            for micro in self.objective.micro_batches(minibatch, self.micro_batch_tokens):
+            loss_tokens, step_loss, observed = 0, 0.0, []
+            for micro in self.objective.micro_batches(minibatch, budget, packed=packed):
                 token_maps, loss = micro_step(forward, self.objective, micro, self.device, acc, k)
                 loss_tokens += int(micro.loss_mask_BT.sum())
                 step_loss = step_loss + loss       # on the device: one sync per step
-                if observe is not None:
+                observed.append((micro, token_maps))
+            if observe is not None:
+                for micro, token_maps in observed:
                     observe(micro, token_maps)
             acc.end_minibatch()     # loss/* of this optimizer step are complete: steps are averaged, not summed
             grad_norm = 0.0 if loss_tokens == 0 else clip_gradients(list(self._policy.parameters()),
@@ -186,8 +197,17 @@ class InProcessLearner:
 
 
 def to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """The batch's tensors on `device`; to CUDA through pinned memory without blocking the host (a copy from
+    pageable memory would first wait for everything queued on the device)."""
     if device.type == "cpu":
         return batch
-    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(device)
+    pinned = device.type == "cuda"
+    return dataclasses.replace(batch, **{f.name: _moved(getattr(batch, f.name), device, pinned)
                                          for f in dataclasses.fields(batch)
                                          if torch.is_tensor(getattr(batch, f.name))})
+
+
+def _moved(tensor: torch.Tensor, device: torch.device, pinned: bool) -> torch.Tensor:
+    if pinned and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)

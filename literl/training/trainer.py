@@ -25,6 +25,7 @@ from literl.training.checkpoint import (load_latest_checkpoint, non_finite_param
                                         save_checkpoint, save_model)
 from literl.components import RunComponents
 from literl.lora import final_view
+from literl.model.precision import MASTER_DTYPE, compute_dtype
 from literl.training.learning_signal import no_signal_reason
 
 
@@ -109,7 +110,10 @@ class Trainer:
                            f"trainer.resume=true trainer.output_dir={p.run_dir}")
             raise TrainingInterrupted(path)
         self._refuse_non_finite_weights("final/")
-        save_model(p.run_dir / "final", final_view(p.learner.policy()), p.tokenizer)
+        # In the compute dtype (model.dtype), as Hugging Face users expect; the checkpoints keep float32 masters.
+        final_dtype = compute_dtype(cfg.model.dtype)
+        save_model(p.run_dir / "final", final_view(p.learner.policy()), p.tokenizer,
+                   dtype=None if final_dtype == MASTER_DTYPE else final_dtype)
         self._evaluate("after")
         p.finish(self.eval_results, steps=self.step)
         return p.run_dir

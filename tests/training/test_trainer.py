@@ -234,8 +234,9 @@ def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir,
     runs = {}
     for label, extra in (("replayed", []), ("computed", ["trainer.replay_max_gib=0"])):
         sources.clear()
+        # The record is CPU machinery (capabilities.RECORD_REPLAY_DEVICES): on a CUDA machine too, test it there.
         cfg = load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / label, "eval.every=0",
-                                                                  "eval.before=false",
+                                                                  "eval.before=false", "trainer.device=cpu",
                                                                   f"trainer.minibatches={minibatches}", *extra))
         runs[label] = train(cfg, reward_fns=[length_reward])
         if label == "replayed":      # per step: [old-log-prob pass,] first mini-batch, later mini-batches

@@ -1,0 +1,334 @@
+"""One RL step of real-sized Qwen3 bodies on a GPU: literl's rollout against Hugging Face's `generate` on the same
+prompts in the same process, the update's model FLOP utilisation, the step time and the peak GPU memory.
+
+    python benchmarks/gpu_step.py            # CUDA: three bodies below, one JSON line each, ≤ 6 min on one H100
+    python benchmarks/gpu_step.py --tiny     # tiny bodies in seconds (the default without CUDA; a CI test runs it)
+
+Bodies (random weights from a config, seed 0; nothing is downloaded), each trained as `model.dtype=bfloat16
+rollout.dtype=bfloat16` (bf16 compute over fp32 master weights; the engine's own bf16 copy), GRPO on 32 testbed
+prompts × 8 samples × ≤ 256 new tokens, temperature 1, full vocabulary, a reward that varies within groups
+(the share of digits):
+
+    qwen3-0.6b   hidden 1024, 28 layers, 16/8 heads, head dim 128, FFN 3072, the 100-token character vocabulary
+    qwen3-1.7b   hidden 2048, 28 layers, 16/8 heads, head dim 128, FFN 6144, Qwen's 151,936-token vocabulary (tied)
+    qwen3-moe    hidden 1024, 16 layers, 16/4 heads, head dim 128, 32 experts of FFN 768, 4 per token, character
+                 vocabulary, algorithm.routing_replay=r3 (the engine's routes replayed in the update)
+
+Per body, after `--warmup` untimed steps (probes, `trainer.micro_batch_tokens=auto`'s sizing), medians over
+`--steps` steps of:
+    rollout_s, rollout_tok_s   literl's engine: generated tokens / its generate() time
+    hf_generate_s, hf_tok_s    `model.generate(do_sample=True)` on the engine's own bf16 model, the last timed
+                               step's prompts, the same max_new_tokens, temperature 1, top-k 0, top-p 1
+    literl_over_hf             rollout_tok_s / hf_tok_s
+    update_s, update_mfu       the learner's update (forwards, backwards, optimizer step); FLOPs counted as the
+                               issue defines them: 6 · N · trained tokens + causal attention (6 · S² · heads ·
+                               head dim per layer and row of S tokens), N = the matmul weights a token goes through
+                               (active experts only, LM head once, no embedding lookup), against --peak-tflops
+                               (989: H100 SXM bf16 dense)
+    step_s                     the whole RL step (rollout, rewards, advantages, update, weight sync)
+    peak_memory_gib            torch.cuda.max_memory_allocated over the timed steps
+    compile_s                  null until the compiled decode and update (issue 30) land
+For the first body it also times one forward + backward of the last update's rows with each packed attention
+kernel (`attention_kernel_s`), what `literl.model.capabilities.PACKED_ROUTE`'s order should be measured by.
+
+On the GPU machine (torch and transformers there; carry the few pure-Python packages literl needs,
+`benchmarks/gpu_wheels.sh`):
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_step.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from step_literl import digit_fraction  # noqa: E402
+
+H100_BF16_TFLOPS = 989.0
+QWEN_VOCAB = 151_936
+CHAR_VOCAB = None           # the character tokenizer's own size
+
+BODIES = {
+    "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=3072, vocab_size=CHAR_VOCAB),
+    "qwen3-1.7b": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=6144, vocab_size=QWEN_VOCAB),
+    "qwen3-moe": dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4,
+                      head_dim=128, intermediate_size=3072, moe_intermediate_size=768, num_experts=32,
+                      num_experts_per_tok=4, norm_topk_prob=True, vocab_size=CHAR_VOCAB),
+}
+TINY = {
+    "qwen3-0.6b": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, intermediate_size=128, vocab_size=CHAR_VOCAB),
+    "qwen3-1.7b": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, intermediate_size=128, vocab_size=1000),
+    "qwen3-moe": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+                      num_experts_per_tok=2, norm_topk_prob=True, vocab_size=CHAR_VOCAB),
+}
+WORKLOAD = dict(prompts=32, group=8, max_new_tokens=256)
+TINY_WORKLOAD = dict(prompts=2, group=2, max_new_tokens=8)
+
+
+def build_body(spec: dict, tokenizer, device: torch.device) -> torch.nn.Module:
+    """A Qwen3 (or Qwen3-MoE, when the spec has experts) with random weights, float32, made on `device` directly
+    (initialising 1.7 B weights on the host would take longer than the benchmark)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    spec = dict(spec, vocab_size=spec["vocab_size"] or len(tokenizer))
+    moe = "num_experts" in spec
+    config = (Qwen3MoeConfig if moe else Qwen3Config)(
+        **spec, max_position_embeddings=4096, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
+    return model.float()
+
+
+def flop_params(model: torch.nn.Module) -> int:
+    """N of the issue's FLOP count: per layer the attention projections and the MLP (a mixture of experts: its
+    router and the top-k experts a token goes through), plus the LM head once; no embedding lookup."""
+    config = model.config
+    total = model.get_output_embeddings().weight.numel()
+    for layer in model.get_decoder().layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        total += sum(p.weight.numel() for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+        if hasattr(mlp, "experts"):
+            per_expert = 3 * config.hidden_size * config.moe_intermediate_size
+            total += mlp.gate.weight.numel() + config.num_experts_per_tok * per_expert
+        else:
+            total += sum(p.weight.numel() for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+    return total
+
+
+def update_flops(model: torch.nn.Module, train) -> float:
+    """6 · N · trained tokens + causal attention, 6 · S² · heads · head_dim per layer and row (S = prompt +
+    response: forward QKᵀ and PV at half the square, backward twice that)."""
+    config = model.config
+    trained = float(train.loss_mask_BT.sum())
+    lengths = (train.prompt_len_B + train.mask_BT.sum(-1)).double()
+    attention = 6.0 * float((lengths ** 2).sum()) * config.num_attention_heads * config.head_dim \
+        * config.num_hidden_layers
+    return 6.0 * flop_params(model) * trained + attention
+
+
+def hf_generate(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, eos: list[int],
+                pad: int) -> tuple[float, int]:
+    """(seconds, generated tokens) of Hugging Face's sampling `generate` on left-padded prompts."""
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    ids, mask = ids.to(device), mask.to(device)
+    _synchronize(device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=max_new_tokens,
+                             temperature=1.0, top_k=0, top_p=1.0, eos_token_id=eos, pad_token_id=pad)
+    _synchronize(device)
+    seconds = time.perf_counter() - start
+    new = out[:, width:].cpu()
+    is_eos = torch.isin(new, torch.tensor(eos))
+    generated = int(((is_eos.long().cumsum(-1) - is_eos.long()) == 0).sum())     # up to and with the first EOS
+    return seconds, generated
+
+
+def attention_kernel_seconds(model: torch.nn.Module, train, compute: torch.dtype) -> dict[str, float | str]:
+    """One forward + backward of the rows with each packed attention kernel (after one warm-up call each)."""
+    from literl.model import PolicyForward
+
+    out: dict[str, float | str] = {}
+    T = train.response_ids_BT.shape[1]
+    for kernel in ("varlen", "padded"):
+        forward = PolicyForward(model, compute_dtype=compute, packed=kernel)
+        try:
+            for attempt in range(2):
+                _synchronize(forward.device)
+                start = time.perf_counter()
+                logp, entropy = forward.token_logprobs(train.tokens_BL, train.prompt_len_B, T,
+                                                       mask_BT=train.mask_BT, with_entropy=True)
+                (logp.sum() + entropy.sum()).backward()
+                _synchronize(forward.device)
+                model.zero_grad(set_to_none=True)
+            out[kernel] = round(time.perf_counter() - start, 4)
+        except Exception as err:        # a kernel this torch or GPU lacks: say which, measure the others
+            out[kernel] = f"{type(err).__name__}: {err}"[:200]
+            model.zero_grad(set_to_none=True)
+    return out
+
+
+def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, device: torch.device,
+             attention: str, peak_tflops: float | None, kernels: bool) -> dict:
+    import literl
+    from literl.components import build_components
+    from literl.testbed.tasks import train_problems
+    from literl.testbed.tokenizer import build_char_tokenizer
+    from literl.training.trainer import Trainer
+
+    tokenizer = build_char_tokenizer()
+    model = build_body(spec, tokenizer, device)
+    params = sum(p.numel() for p in model.parameters())
+    tmp = tempfile.TemporaryDirectory(prefix="literl-gpu-step-")
+    overrides = [
+        "model.profile=testbed", "model.dtype=bfloat16", "rollout.dtype=bfloat16",
+        f"rollout.prompts_per_step={workload['prompts']}", f"rollout.group_size={workload['group']}",
+        f"rollout.max_new_tokens={workload['max_new_tokens']}", "rollout.temperature=1.0",
+        "algorithm.aggregation.name=token_mean", "optim.lr=1e-6", "optim.max_grad_norm=1.0", "trainer.minibatches=1",
+        f"trainer.device={device.type}", "trainer.progress=false", "trainer.log_samples=0", "trainer.save_every=0",
+        "trainer.save_every_minutes=0", f"trainer.output_dir={tmp.name}/run", "eval.before=false", "eval.every=0",
+        f"trainer.packed_attention={attention}", "trainer.threads=1" if device.type == "cpu" else "trainer.threads=4",
+    ]
+    if "num_experts" in spec:
+        overrides.append("algorithm.routing_replay=r3")
+    cfg = literl.load_config(preset="grpo", overrides=overrides)
+    parts = build_components(cfg, model=model, tokenizer=tokenizer, problems=train_problems(workload["prompts"]),
+                             reward_fns=[digit_fraction])
+    trainer = Trainer(parts)
+    seen = _instrument(parts)
+    records = []
+    try:
+        for i in range(warmup + steps):
+            _reset_peak(device)
+            _synchronize(device)
+            start = time.perf_counter()
+            metrics = trainer._train_step()
+            _synchronize(device)
+            step_s = time.perf_counter() - start
+            trainer.step += 1
+            if i < warmup:
+                continue
+            train = seen["train"]
+            records.append({
+                "step_s": step_s, "rollout_s": seen["generate_s"], "generated_tokens": seen["generated"],
+                "update_s": metrics["time/update"], "trained_tokens": float(train.loss_mask_BT.sum()),
+                "update_flops": update_flops(model, train), "peak_memory_gib": _peak_gib(device)})
+        prompts = seen["prompts"]
+        hf_s, hf_tokens = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
+                                      parts.engine.eos_token_ids, parts.engine.pad_id)
+        kernel_s = (attention_kernel_seconds(model, seen["train"], torch.bfloat16)
+                    if kernels and device.type == "cuda" else None)
+        row = {key: statistics.median(r[key] for r in records) for key in records[0]}
+        rollout_tok_s = row["generated_tokens"] / row["rollout_s"]
+        hf_tok_s = hf_tokens / hf_s
+        tflops = row["update_flops"] / row["update_s"] / 1e12
+        return _rounded({
+            "model": name, "device": _device_name(device), "params": params, "flop_params": flop_params(model),
+            "prompts": workload["prompts"], "group": workload["group"],
+            "max_new_tokens": workload["max_new_tokens"], "steps": steps,
+            "step_s": row["step_s"], "rollout_s": row["rollout_s"], "generated_tokens": row["generated_tokens"],
+            "rollout_tok_s": rollout_tok_s, "hf_generate_s": hf_s, "hf_tokens": hf_tokens, "hf_tok_s": hf_tok_s,
+            "literl_over_hf": rollout_tok_s / hf_tok_s, "update_s": row["update_s"],
+            "trained_tokens": row["trained_tokens"], "update_tflops": tflops,
+            "update_mfu": tflops / peak_tflops if peak_tflops else None,
+            "peak_memory_gib": row["peak_memory_gib"], "compile_s": None,
+            "micro_batch_tokens": parts.policy_forward.max_tokens,
+            "packed_attention": parts.policy_forward.packed_kernel, "attention_kernel_s": kernel_s,
+        })
+    finally:
+        parts.log.close()
+        tmp.cleanup()
+
+
+def _instrument(parts) -> dict:
+    """Keep what a step's parts saw: the engine's prompts, time and generated tokens, the prepared batch."""
+    seen: dict = {}
+    generate, prepare = parts.engine.generate, parts.objective.prepare
+
+    def timed_generate(prompts, params, **kwargs):
+        device = next(parts.engine.model.parameters()).device
+        _synchronize(device)
+        start = time.perf_counter()
+        out = generate(prompts, params, **kwargs)
+        _synchronize(device)
+        seen.update(prompts=[list(p) for p in prompts], generate_s=time.perf_counter() - start,
+                    generated=float(out.mask_BT.sum()))
+        return out
+
+    def keep_prepared(*args, **kwargs):
+        train, metrics = prepare(*args, **kwargs)
+        seen["train"] = train
+        return train, metrics
+
+    parts.engine.generate = timed_generate
+    parts.objective.prepare = keep_prepared
+    return seen
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20      # the process's peak RSS (KiB → GiB)
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _rounded(row: dict) -> dict:
+    return {key: round(value, 4) if isinstance(value, float) else value for key, value in row.items()}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny bodies and batch (the default without CUDA)")
+    parser.add_argument("--models", default=",".join(BODIES), help=f"comma-separated, of {', '.join(BODIES)}")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per body (median)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--attention", default="auto", help="trainer.packed_attention for the runs")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help=f"the GPU's dense bf16 peak for the MFU (default on CUDA: {H100_BF16_TFLOPS}, H100 SXM)")
+    parser.add_argument("--budget-s", type=float, default=330.0,
+                        help="start no further body after this many seconds (the run fits one 6-minute call)")
+    parser.add_argument("--no-kernels", action="store_true", help="skip timing each packed attention kernel")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    tiny = args.tiny or device.type == "cpu"
+    peak = args.peak_tflops or (H100_BF16_TFLOPS if device.type == "cuda" else None)
+    bodies, workload = (TINY, TINY_WORKLOAD) if tiny else (BODIES, WORKLOAD)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    started, rows = time.perf_counter(), []
+    for i, name in enumerate(args.models.split(",")):
+        if name not in bodies:
+            parser.error(f"unknown model {name!r}: choose from {', '.join(bodies)}")
+        if time.perf_counter() - started > args.budget_s:
+            row = {"model": name, "skipped": f"time budget of {args.budget_s:.0f} s spent"}
+        else:
+            print(f"[gpu_step] {name} on {_device_name(device)}...", file=sys.stderr, flush=True)
+            row = run_body(name, bodies[name], workload=workload, steps=args.steps, warmup=args.warmup,
+                           device=device, attention=args.attention, peak_tflops=peak,
+                           kernels=i == 0 and not args.no_kernels)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

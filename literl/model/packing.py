@@ -1,0 +1,124 @@
+"""Packed rows: a batch's rows (prompt then response, `literl.batch` layout) as one stream of tokens without padding,
+each row attending to its own earlier tokens only, and the training forward over such a stream.
+
+    stream  row 0's tokens | row 1's tokens | …      (each row cut after its last token that predicts a response
+                                                      token: the last response token is never an input)
+    cu_R1   [0, len₀, len₀ + len₁, …]                 where each row starts (what varlen kernels take)
+
+Everything that describes the stream — ids, positions, row starts, which stream position predicts which response
+token, where each log-prob goes in [B, T] — is computed on the CPU from the CPU-side batch (`pack_rows`) and moved
+to the device in one pinned, non-blocking copy (`PackedRows.to`). So the forward over it never waits for the device
+to tell it a shape: no `.item()`, `nonzero` or boolean indexing on device tensors, which on a GPU each stall the
+host until the device catches up (a micro-batch loop with tens of those per micro-batch leaves the GPU idle
+between kernels).
+
+The layers are `literl.model.layer.decoder_layer` with the `attention.packed` maker: the same body as every other
+pass, only the attention sees the rows' boundaries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from literl.model import attention
+from literl.model.kernels import apply_norm, gather_distinct_rows
+from literl.model.layer import decoder_layer, embed_and_rotary, routed_linears
+from literl.model.moe import TokenRoutes
+
+_INDEX_FIELDS = ("ids_M", "position_M", "row_M", "slot_M", "predictor_P", "target_P", "flat_P", "cu_R1")
+
+
+@dataclass
+class PackedRows:
+    """Rows as one token stream (M tokens), and the P response tokens whose log-probs the stream gives.
+
+    ids_M, position_M   token ids and rotary positions (a token's column in its row: 0 at the row's first)
+    row_M               the batch row of each token (b, not the packed row index: MoE routes are read by it)
+    slot_M              packed row · width + position: the token's place in a right-padded [rows, width] layout
+    cu_R1               row starts in the stream, rows + 1 entries (int32 on the device, as varlen kernels take)
+    predictor_P         the stream position whose output predicts each response token, row-major over valid_BT
+    target_P            that response token's id
+    flat_P              b · T + t of each: where its log-prob goes in a [B, T] map
+    rows, width         packed rows and the longest one's length (Python ints: shapes the host knows)
+    batch_rows, T       the [B, T] shape of the log-probs
+    """
+
+    ids_M: torch.Tensor
+    position_M: torch.Tensor
+    row_M: torch.Tensor
+    slot_M: torch.Tensor
+    predictor_P: torch.Tensor
+    target_P: torch.Tensor
+    flat_P: torch.Tensor
+    cu_R1: torch.Tensor
+    rows: int
+    width: int
+    batch_rows: int
+    T: int
+
+    @property
+    def tokens(self) -> int:
+        return int(self.ids_M.shape[0])
+
+    def to(self, device: torch.device) -> "PackedRows":
+        """The same rows on `device`: every index tensor in one pinned buffer, copied without blocking the host."""
+        if device.type == "cpu":
+            return self
+        parts = [getattr(self, name) for name in _INDEX_FIELDS]
+        flat = torch.cat([part.long() for part in parts])
+        if device.type == "cuda":
+            flat = flat.pin_memory()
+        flat = flat.to(device, non_blocking=True)
+        moved = dict(zip(_INDEX_FIELDS, flat.split([part.numel() for part in parts])))
+        moved["cu_R1"] = moved["cu_R1"].to(torch.int32)
+        return dataclasses.replace(self, **moved)
+
+
+def pack_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, valid_BT: torch.Tensor) -> PackedRows:
+    """The stream of the rows' tokens up to each row's last predictor of a valid response token (valid_BT must be
+    a prefix of each row's response mask), on the CPU. Rows without a valid token are left out."""
+    tokens_BL, prompt_len_B, valid_BT = tokens_BL.cpu(), prompt_len_B.cpu().long(), valid_BT.cpu().bool()
+    B, T = valid_BT.shape
+    if B and int(prompt_len_B.min()) < 1:
+        raise ValueError("every row needs a prompt of at least one token")
+    count_B = valid_BT.sum(-1)
+    # Response token t is predicted at position prompt_len − 1 + t: a row needs its first prompt_len + count − 1.
+    length_B = torch.where(count_B > 0, prompt_len_B + count_B - 1, torch.zeros_like(count_B)).clamp(
+        max=tokens_BL.shape[1])
+    kept_R = torch.nonzero(length_B > 0).flatten()
+    length_R = length_B[kept_R]
+    cu_R1 = torch.cat([torch.zeros(1, dtype=torch.long), length_R.cumsum(0)])
+    packed_row_M = torch.repeat_interleave(torch.arange(len(kept_R)), length_R)
+    position_M = torch.arange(int(cu_R1[-1])) - cu_R1[packed_row_M]
+    row_M = kept_R[packed_row_M]
+    width = int(length_R.max()) if len(kept_R) else 0
+    packed_row_B = torch.full((B,), -1, dtype=torch.long)
+    packed_row_B[kept_R] = torch.arange(len(kept_R))
+    b_P, t_P = valid_BT.nonzero(as_tuple=True)
+    position_P = prompt_len_B[b_P] - 1 + t_P
+    return PackedRows(
+        ids_M=tokens_BL[row_M, position_M], position_M=position_M, row_M=row_M,
+        slot_M=packed_row_M * width + position_M, predictor_P=cu_R1[packed_row_B[b_P]] + position_P,
+        target_P=tokens_BL[b_P, (position_P + 1).clamp(max=tokens_BL.shape[1] - 1)], flat_P=b_P * T + t_P,
+        cu_R1=cu_R1, rows=len(kept_R), width=width, batch_rows=B, T=T)
+
+
+def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes | None = None) -> torch.Tensor:
+    """hidden_PH (final norm applied) of the stream positions that predict response tokens: every layer on the
+    whole stream, each row attending to itself (`attention.packed` with `kernel`). `routes`: the tokens' MoE
+    routing (`literl.model.moe`), by their batch rows and positions."""
+    hidden_MH, cos_1MD, sin_1MD = embed_and_rotary(decoder, packed.ids_M[None], packed.position_M[None])
+    hidden_MH, cos_M1D, sin_M1D = hidden_MH[0], cos_1MD[0, :, None], sin_1MD[0, :, None]
+    attend = attention.packed(packed, kernel)
+    for layer, linears in zip(decoder.layers, routed_linears(decoder.layers, routes)):
+        hidden_MH = decoder_layer(layer, hidden_MH, cos_M1D, sin_M1D, attention=attend, linears=linears)
+    return apply_norm(decoder.norm, gather_distinct_rows(hidden_MH, packed.predictor_P))
+
+
+def unpacked(values_P: torch.Tensor, packed: PackedRows) -> torch.Tensor:
+    """values_P back to [B, T] (0 where no response token was counted); the backward gathers."""
+    out = values_P.new_zeros(packed.batch_rows * packed.T)
+    return out.index_copy(0, packed.flat_P, values_P).view(packed.batch_rows, packed.T)

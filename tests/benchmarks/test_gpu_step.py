@@ -1,0 +1,57 @@
+"""benchmarks/gpu_step.py keeps working: its FLOP count by hand, and its tiny CPU mode end to end (the GPU run is
+the same code at real sizes)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import gpu_step  # noqa: E402
+from literl.testbed.tokenizer import build_char_tokenizer  # noqa: E402
+
+KEYS = ("rollout_tok_s", "hf_tok_s", "literl_over_hf", "update_s", "update_tflops", "update_mfu", "step_s",
+        "peak_memory_gib", "compile_s", "generated_tokens", "trained_tokens")
+
+
+def test_flop_params_count_active_matmul_weights_and_the_head_once():
+    """Tiny dense body (hidden 64, 2 layers, 4 query / 2 KV heads of 16, FFN 128, vocabulary 100, tied): per layer
+    q 64·64 + k 32·64 + v 32·64 + o 64·64 = 12,288 and MLP 3·64·128 = 24,576: 36,864 × 2 = 73,728, plus the head
+    100·64 = 6,400: 80,128. The MoE body (4 experts of FFN 32, 2 per token): per layer 12,288 + router 4·64 +
+    2 experts · 3·64·32 = 12,288 + 256 + 12,288 = 24,832, × 2 + 6,400 = 56,064."""
+    tokenizer = build_char_tokenizer()
+    dense = gpu_step.build_body(gpu_step.TINY["qwen3-0.6b"], tokenizer, torch.device("cpu"))
+    assert dense.config.vocab_size == 100 and gpu_step.flop_params(dense) == 80_128
+    moe = gpu_step.build_body(gpu_step.TINY["qwen3-moe"], tokenizer, torch.device("cpu"))
+    assert gpu_step.flop_params(moe) == 56_064
+
+
+def test_the_update_flops_count_6n_per_trained_token_plus_causal_attention():
+    """N = 80,128, 5 trained tokens; rows of 3 + 2 and 2 + 3 tokens: attention 6 · (5² + 5²) · 4 heads · 16 · 2
+    layers = 38,400; total 6 · 80,128 · 5 + 38,400 = 2,442,240."""
+    from types import SimpleNamespace
+
+    model = gpu_step.build_body(gpu_step.TINY["qwen3-0.6b"], build_char_tokenizer(), torch.device("cpu"))
+    train = SimpleNamespace(loss_mask_BT=torch.tensor([[True, True, False], [True, True, True]]),
+                            mask_BT=torch.tensor([[True, True, False], [True, True, True]]),
+                            prompt_len_B=torch.tensor([3, 2]))
+    assert gpu_step.update_flops(model, train) == 2_442_240
+
+
+def test_the_tiny_mode_prints_one_line_per_body(capsys):
+    """Three bodies in seconds on CPU: every figure present and positive (MFU: none off a GPU), the ratio is the
+    two rates', literl's engine and HF generate each produced tokens."""
+    rows = gpu_step.main(["--tiny", "--steps", "1", "--warmup", "0"])
+    assert [row["model"] for row in rows] == list(gpu_step.TINY)
+    for row in rows:
+        assert all(key in row for key in KEYS)
+        assert row["generated_tokens"] > 0 and row["hf_tokens"] > 0 and row["trained_tokens"] > 0
+        assert row["rollout_tok_s"] > 0 and row["hf_tok_s"] > 0 and row["update_tflops"] > 0
+        assert row["literl_over_hf"] == pytest.approx(row["rollout_tok_s"] / row["hf_tok_s"], rel=1e-3)
+        assert row["update_mfu"] is None and row["compile_s"] is None and row["device"] == "cpu"
+        assert row["micro_batch_tokens"] == 16384 and row["packed_attention"] is None
+    assert len(capsys.readouterr().out.strip().splitlines()) == 3

@@ -1,0 +1,199 @@
+"""The packed training route (`literl.model.packing`, `attention.packed`): rows laid out as one token stream on the
+CPU, and a forward through the one layer body whose log-probs and gradients equal the unpacked float32 forward's.
+The CUDA kernels (varlen, padded SDPA's flash) run in the `gpu` tests; on CPU the padded and document-mask kernels
+are checked against the shared-prompt and whole-row forwards every other test trusts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from literl.batch import TrainBatch
+from literl.model.capabilities import capabilities
+from literl.model.packing import pack_rows, unpacked
+from literl.model.policy import PolicyForward
+from tests.conftest import build_tiny_qwen3
+from tests.model.test_routing_replay import ROLLOUT_ROUTES, _batch as _moe_batch, _qwen3_moe
+
+
+def test_pack_rows_lays_out_each_row_up_to_its_last_predictor():
+    """Rows (prompt | response, pad 0): [5 6 | 7 8 9], [4 | 3], [2 2 | -] (no valid token: left out).
+    Row 0 needs its first 2 + 3 − 1 = 4 tokens, row 1 its first 1 + 1 − 1 = 1: the stream is 5 6 7 8 | 4,
+    row starts [0, 4, 5], positions 0 1 2 3 | 0. Response token t of row b is predicted at stream index
+    start_b + prompt_len_b − 1 + t: row 0's at 1, 2, 3 (targets 7, 8, 9), row 1's at 4 (target 3); their
+    log-probs go to b·T + t = 0, 1, 2 and 3."""
+    tokens_BL = torch.tensor([[5, 6, 7, 8, 9], [4, 3, 0, 0, 0], [2, 2, 0, 0, 0]])
+    valid_BT = torch.tensor([[True, True, True], [True, False, False], [False, False, False]])
+    packed = pack_rows(tokens_BL, torch.tensor([2, 1, 2]), valid_BT)
+    assert packed.ids_M.tolist() == [5, 6, 7, 8, 4]
+    assert packed.position_M.tolist() == [0, 1, 2, 3, 0]
+    assert packed.row_M.tolist() == [0, 0, 0, 0, 1]
+    assert packed.cu_R1.tolist() == [0, 4, 5] and (packed.rows, packed.width) == (2, 4)
+    assert packed.slot_M.tolist() == [0, 1, 2, 3, 4]
+    assert packed.predictor_P.tolist() == [1, 2, 3, 4]
+    assert packed.target_P.tolist() == [7, 8, 9, 3]
+    assert packed.flat_P.tolist() == [0, 1, 2, 3]
+    assert unpacked(torch.tensor([1.0, 2.0, 3.0, 4.0]), packed).tolist() == [[1, 2, 3], [4, 0, 0], [0, 0, 0]]
+
+
+def _rows(seed=0, vocab=100):
+    """Four rows of uneven prompt and response lengths, two sharing a prompt, one response of a single token."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [[5, 6, 7], [5, 6, 7], [9, 10], [11, 12, 13, 14, 15, 16]]
+    lengths = [6, 1, 9, 4]
+    T = max(lengths)
+    tokens_BL = torch.zeros(4, max(len(p) + n for p, n in zip(prompts, lengths)), dtype=torch.long)
+    mask_BT = torch.zeros(4, T, dtype=torch.bool)
+    for b, (p, n) in enumerate(zip(prompts, lengths)):
+        tokens_BL[b, :len(p)] = torch.tensor(p)
+        tokens_BL[b, len(p):len(p) + n] = torch.randint(3, vocab, (n,), generator=g)
+        mask_BT[b, :n] = True
+    return tokens_BL, torch.tensor([len(p) for p in prompts]), T, mask_BT
+
+
+def _values_and_grads(forward: PolicyForward, rows):
+    tokens_BL, prompt_len_B, T, mask_BT = rows
+    model = forward.model
+    model.zero_grad(set_to_none=True)
+    logp, entropy = forward.token_logprobs(tokens_BL, prompt_len_B, T, mask_BT=mask_BT, with_entropy=True)
+    w = torch.linspace(-1.0, 2.0, mask_BT.numel(), device=logp.device).view(mask_BT.shape) * mask_BT.to(logp.device)
+    ((w * logp).sum() + 0.3 * (w * entropy).sum()).backward()
+    return logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kernel", ["padded", "document_mask"])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_packed_forward_equals_the_unpacked_forward_values_and_gradients(kernel, kv_heads):
+    """float32 on CPU: the packed forward (whole rows, each attending to itself) against the shared-prompt forward
+    and against whole rows through the model's own forward: log-probs, entropies and every parameter's gradient
+    within float32 rounding (grouped-query heads and plain multi-head)."""
+    model = build_tiny_qwen3(seed=4, num_attention_heads=2, num_key_value_heads=kv_heads)
+    rows = _rows()
+    mask_BT = rows[3]
+    shared = _values_and_grads(PolicyForward(model, packed="off"), rows)
+    packed = _values_and_grads(PolicyForward(model, packed=kernel), rows)
+    for got, expected in zip(packed[:2], shared[:2]):
+        torch.testing.assert_close(got[mask_BT], expected[mask_BT], rtol=0, atol=2e-5)
+        assert (got[~mask_BT] == 0).all()
+    for name, grad in packed[2].items():
+        torch.testing.assert_close(grad, shared[2][name], rtol=1e-4, atol=2e-6, msg=name)
+    with torch.no_grad():
+        logits = model(input_ids=rows[0]).logits.float()
+    for b in range(4):
+        n, p = int(mask_BT[b].sum()), int(rows[1][b])
+        expected = torch.log_softmax(logits[b, p - 1:p - 1 + n], -1).gather(-1, rows[0][b, p:p + n, None])[:, 0]
+        torch.testing.assert_close(packed[0][b, :n], expected, rtol=0, atol=2e-5)
+
+
+def test_the_cpu_does_not_pack_and_a_forced_kernel_does():
+    """`auto` on CPU keeps the measured CPU routes (no packing); naming a kernel packs."""
+    model = build_tiny_qwen3()
+    assert PolicyForward(model).packed_kernel is None
+    assert capabilities(model).packed_kernel(None) is None
+    assert PolicyForward(model, packed="padded").packed_kernel == "padded"
+    with pytest.raises(ValueError, match="packed must be one of"):
+        PolicyForward(model, packed="flash")
+
+
+def test_r3_routes_replay_in_the_packed_forward_as_in_the_shared_prompt_forward():
+    """A tiny Qwen3-MoE: the update's forward with the engine's routes replayed (R3), packed and unpacked, gives
+    the same log-probs (float32), and both count the same training–inference agreement."""
+    model = _qwen3_moe(seed=2)
+    batch = _moe_batch(model, seed=2)
+    assert ROLLOUT_ROUTES in batch.extras
+    out = {}
+    for packed in ("off", "padded"):
+        forward = PolicyForward(model, routing_replay="r3", packed=packed)
+        part = batch.select(torch.arange(len(batch))).trimmed()
+        part.minibatch_B = torch.zeros(len(part), dtype=torch.long)
+        with torch.no_grad():
+            out[packed] = forward.logprobs(part).logp_BT, forward.take_metrics()
+    mask = part.mask_BT
+    torch.testing.assert_close(out["padded"][0][mask], out["off"][0][mask], rtol=0, atol=2e-5)
+    assert out["padded"][1] == pytest.approx(out["off"][1])
+
+
+def test_packed_micro_batches_count_real_tokens():
+    """Rows of lengths 7, 5, 4, 2 (prompt 1 + response), longest first. A budget of 10 tokens: padded, [7]
+    (7·2 > 10), [5, 4] (5·2 = 10; 5·3 > 10), [2]; packed, [7] (7 + 5 > 10), [5, 4] (9; + 2 > 10), [2]. A budget of
+    12: padded still [7] (7·2 > 12), [5, 4] (5·3 > 12), [2]; packed [7, 5] (12; + 4 > 12), [4, 2]."""
+    responses = [6, 4, 3, 1]
+    B, T = 4, 6
+    mask_BT = torch.arange(T)[None, :] < torch.tensor(responses)[:, None]
+    zeros, rows = torch.zeros(B, T), torch.zeros(B, dtype=torch.long)
+    train = TrainBatch(tokens_BL=torch.ones(B, T + 1, dtype=torch.long), prompt_len_B=rows + 1,
+                       response_ids_BT=torch.ones(B, T, dtype=torch.long), mask_BT=mask_BT, loss_mask_BT=mask_BT,
+                       rollout_logp_BT=zeros, old_logp_BT=None, ref_logp_BT=None, adv_BT=zeros, is_weight_BT=zeros,
+                       weight_BT=zeros, minibatch_B=rows, group_B=rows)
+
+    def lengths(micros):
+        return [micro.lengths_B.tolist() for micro in micros]
+
+    assert lengths(train.micro_batches(10)) == [[7], [5, 4], [2]]
+    assert lengths(train.micro_batches(10, packed=True)) == [[7], [5, 4], [2]]
+    assert lengths(train.micro_batches(12)) == [[7], [5, 4], [2]]
+    assert lengths(train.micro_batches(12, packed=True)) == [[7, 5], [4, 2]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["varlen", "padded"])
+def test_packed_bf16_log_probs_on_cuda_match_the_float32_forward(kernel):
+    """On CUDA, each packed kernel computing in bfloat16 over float32 master weights: log-probs within bfloat16
+    tolerance of the unpacked float32 forward, gradients float32 and close in direction (cosine > 0.99)."""
+    model = build_tiny_qwen3(seed=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                             hidden_size=256).cuda()
+    rows = _rows()
+    reference = _values_and_grads(PolicyForward(model, packed="off"), rows)
+    packed = _values_and_grads(PolicyForward(model, packed=kernel, compute_dtype=torch.bfloat16), rows)
+    mask = rows[3].cuda()
+    torch.testing.assert_close(packed[0][mask], reference[0][mask], rtol=0, atol=5e-2)
+    for name, grad in packed[2].items():
+        assert grad.dtype == torch.float32
+        cosine = torch.nn.functional.cosine_similarity(grad.flatten(), reference[2][name].flatten(), dim=0)
+        assert cosine > 0.99, name
+
+
+@pytest.mark.gpu
+def test_cuda_takes_the_packed_route_by_its_probe():
+    """`auto` on CUDA packs rows with a kernel whose probe matched the model's own forward."""
+    model = build_tiny_qwen3(num_attention_heads=4, num_key_value_heads=2, head_dim=64, hidden_size=256).cuda()
+    assert PolicyForward(model, compute_dtype=torch.bfloat16).packed_kernel in ("varlen", "padded")
+
+
+@pytest.mark.parametrize("names, grouped, expected", [
+    ({"is_causal"}, True, {"is_causal": True}),                                         # torch 2.9
+    ({"window_size", "scale"}, True, {"window_size": (-1, 0), "scale": 0.25}),          # 2.10-2.11
+    ({"window_size", "scale", "enable_gqa"}, True, {"window_size": (-1, 0), "scale": 0.25, "enable_gqa": True}),
+    ({"window_size", "scale", "enable_gqa"}, False, {"window_size": (-1, 0), "scale": 0.25}),
+])
+def test_varlen_keywords_follow_the_installed_signature(monkeypatch, names, grouped, expected):
+    """varlen_attn's causal and grouped-query keywords changed between torch releases: the call adapts (head dim
+    16, scale 1/4 = 1/sqrt(16)); a scale the signature cannot take is refused, which the probe reads as "no"."""
+    from literl.model import attention
+
+    monkeypatch.setattr(attention, "_varlen_parameters", lambda: frozenset(names))
+    assert attention._varlen_options(0.25, 16, grouped) == expected
+    if "scale" not in names:
+        with pytest.raises(NotImplementedError, match="no scale argument"):
+            attention._varlen_options(0.1, 16, grouped)
+
+
+def test_this_torchs_varlen_signature_is_understood():
+    """The installed torch's own varlen_attn (a CUDA kernel: only its signature is read here)."""
+    pytest.importorskip("torch.nn.attention.varlen")
+    from literl.model import attention
+
+    options = attention._varlen_options(0.125, 64, grouped=True)
+    assert options.get("is_causal") is True or options.get("window_size") == (-1, 0)
+
+
+def test_packed_rows_move_to_a_device_in_one_copy_with_int32_row_starts():
+    """On another device (meta here: shapes and dtypes only) every index keeps its shape, row starts are int32."""
+    tokens_BL = torch.tensor([[5, 6, 7, 8, 9], [4, 3, 0, 0, 0]])
+    packed = pack_rows(tokens_BL, torch.tensor([2, 1]), torch.tensor([[True, True, True], [True, False, False]]))
+    moved = packed.to(torch.device("meta"))
+    assert moved.cu_R1.dtype == torch.int32 and moved.cu_R1.device.type == "meta"
+    for name in ("ids_M", "position_M", "row_M", "slot_M", "predictor_P", "target_P", "flat_P"):
+        assert getattr(moved, name).shape == getattr(packed, name).shape
+        assert getattr(moved, name).dtype == torch.long
+    assert (moved.rows, moved.width, moved.batch_rows, moved.T) == (packed.rows, packed.width, 2, 3)
