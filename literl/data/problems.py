@@ -5,7 +5,8 @@
     load_problems("hkust-nlp/SimpleRL-Zoo-Data", split="train") # a hub dataset (needs the network)
 
 Every record becomes a dict `{"id": str, "problem": str, "answer": str, ...the row's other fields}`. The
-field names read are configurable (`problem_field`, `answer_field`, `id_field`); when the id field is
+field names read are configurable (`problem_field`, `answer_field`, `id_field`); other columns that happen to be
+named `id`, `problem` or `answer` are dropped, never put in their place. When the id field is
 absent from the data the row number is the id. A non-string answer is converted (27.0 → "27", a one-element
 list → its element). A row whose answer is missing or empty is skipped and reported: one `DataWarning`
 naming the count and the ids, and `ProblemSet.skipped_ids`. It is never silently used.
@@ -25,6 +26,7 @@ from literl.data.benchmarks import benchmark_names, get_benchmark
 from literl.data.files import ROW_FILE_SUFFIXES, read_rows
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+NORMALISED = ("id", "problem", "answer")      # the keys every record has
 
 
 class DataWarning(UserWarning):
@@ -127,7 +129,9 @@ def normalize_records(rows: Sequence[dict], *, origin: str = "problem set", prob
         problem = row.get(problem_field)
         if not isinstance(problem, str) or not problem.strip():
             raise ValueError(f"{origin}, row {row_id}: the problem field {problem_field!r} is empty or not text")
-        others = {k: v for k, v in row.items() if k not in (problem_field, answer_field, id_field)}
+        # The named fields win: a column that happens to be called `problem`, `answer` or `id` (Hugging Face sets
+        # often carry several answer columns) must not overwrite the one the user chose.
+        others = {k: v for k, v in row.items() if k not in (problem_field, answer_field, id_field, *NORMALISED)}
         records.append({"id": row_id, "problem": problem, "answer": answer, **others})
     if skipped:
         shown = ", ".join(skipped[:20]) + (", ..." if len(skipped) > 20 else "")

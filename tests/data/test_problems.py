@@ -135,3 +135,15 @@ def test_answer_text(value, text):
                                         (0.1 + 0.2, "0.30000000000000004"), (1e300, "1" + "0" * 300)])
 def test_float_answers_are_positional_without_binary_noise(value, text):
     assert answer_text(value) == text
+
+
+def test_named_fields_win_over_columns_that_share_the_normalised_names(tmp_path):
+    """Issue 31.1: a Hugging Face set often carries several answer columns. With data.problem_field=question and
+    data.answer_field=final, the row's own `problem`/`answer` columns must not overwrite the mapped ones (the run
+    trained on gold 999999 before), and an `id` column must not overwrite id_field's value."""
+    path = tmp_path / "several.jsonl"
+    write_jsonl_atomic(path, [{"qid": "q7", "id": "other-7", "question": "What is 25+7*1?", "final": "32",
+                               "problem": "What is 1+1?", "answer": "999999", "level": 2}])
+    record = load_problems(path, problem_field="question", answer_field="final", id_field="qid")[0]
+    assert (record["id"], record["problem"], record["answer"]) == ("q7", "What is 25+7*1?", "32")
+    assert record["level"] == 2
