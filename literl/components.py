@@ -259,6 +259,7 @@ def _claim_run_dir(cfg: Config, console: Console) -> tuple[Path, DirectoryLock, 
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path("runs") / f"{cfg.preset or 'custom'}-{stamp}"
+    _refuse_a_folder_that_is_not_a_run(run_dir, cfg)      # before the lock: its file would change the folder
     created = not run_dir.exists()
     lock = DirectoryLock(run_dir).acquire()
     try:
@@ -282,6 +283,26 @@ def _give_up_run_dir(run_dir: Path, lock: DirectoryLock, created: bool) -> None:
             run_dir.rmdir()
         except OSError:
             pass        # something else was written there: keep it
+
+
+# Names that only literl writes into a run directory (train.log: an ablation's console output, written before the
+# run's first start): a folder holding none of them is not a run, whatever else it holds.
+RUN_MARKERS = ("config.yaml", "run.json", "metrics.jsonl", "checkpoints", "summary.json", "final", "train.log")
+
+
+def _refuse_a_folder_that_is_not_a_run(run_dir: Path, cfg: Config) -> None:
+    """A non-empty folder that literl did not write is the user's: training (or "resuming") into it would mix a run
+    into their files, and cleaning a run's leftovers there could delete theirs."""
+    if not run_dir.is_dir() or any((run_dir / name).exists() for name in RUN_MARKERS):
+        return
+    entries = sorted(entry.name for entry in run_dir.iterdir() if entry.name != LOCK_NAME)
+    if entries:
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        why = "trainer.resume=true continues a run that literl wrote there. " if cfg.trainer.resume else ""
+        raise FileExistsError(
+            f"trainer.output_dir={run_dir} is not empty and is not a literl run (it holds {shown}; a run has "
+            f"config.yaml, run.json, metrics.jsonl or checkpoints/). {why}Choose a new or empty "
+            "trainer.output_dir (nothing there was changed).")
 
 
 def _check_run_dir(run_dir: Path, cfg: Config, console: Console) -> None:

@@ -34,7 +34,14 @@ from literl.lora import is_lora, load_adapter_state
 
 STEP_NAME = re.compile(r"step_\d+")
 REQUIRED_STATE = ("step", "optimizer", "scheduler", "rng", "stream")
-_TEMPORARY = re.compile(r"\.(tmp|old)-.+|\..+\.tmp")   # save_model / save_checkpoint / write_atomic leftovers
+# What literl's own interrupted saves leave behind, by exact name and per folder of the run (nothing else there is
+# ever deleted: a user's `.old-backup/` is not literl's): save_model's and save_checkpoint's `.tmp-<name>-<pid>` /
+# `.old-<name>-<pid>` folders, and write_atomic's `.<file>.<mkstemp letters>.tmp` for the files literl writes.
+RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "eval.jsonl", "samples.jsonl", "diagnostics.json",
+             "summary.json")
+_ATOMIC = r"\.({})\.[a-z0-9_]+\.tmp"
+_TEMPORARIES = {".": re.compile(r"\.(tmp|old)-final-\d+|" + _ATOMIC.format("|".join(map(re.escape, RUN_FILES)))),
+                "checkpoints": re.compile(r"\.(tmp|old)-step_\d+-\d+|" + _ATOMIC.format("latest"))}
 
 
 class CheckpointError(RuntimeError):
@@ -173,16 +180,18 @@ def _human(n: float) -> str:
 
 
 def remove_stale_temporaries(run_dir: Path) -> list[Path]:
-    """Delete what interrupted saves left behind (`.tmp-*` / `.old-*` folders, atomic-write temporaries).
+    """Delete what literl's interrupted saves left behind (`.tmp-final-<pid>`, `checkpoints/.tmp-step_<n>-<pid>`
+    and their `.old-` twins, `.<file>.<random>.tmp` of the files literl writes), by exact name: nothing else.
 
     Call it only while holding the run directory's lock: then no other process is writing them.
     """
     removed = []
-    for folder in (Path(run_dir), Path(run_dir) / "checkpoints"):
+    for sub, temporary in _TEMPORARIES.items():
+        folder = Path(run_dir) / sub
         if not folder.is_dir():
             continue
         for entry in folder.iterdir():
-            if _TEMPORARY.fullmatch(entry.name):
+            if temporary.fullmatch(entry.name):
                 shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
                 removed.append(entry)
     return removed

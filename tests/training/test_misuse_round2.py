@@ -1,0 +1,106 @@
+"""Runs survive misuse, round 2 (issue 31): resume on a folder that is not a run, a refused resume, a full disk,
+hostile reward values, a reward that always fails, LoRA ranks beyond the layers, data without a usable problem.
+
+Each test reproduces what a probe of the issue found (they failed before the fix) on a tiny model; the training
+ones start from one finished two-step run (checkpoints at steps 1 and 2), copied per test.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from literl.cli import main
+from literl.config_loader import load_config
+from literl.rewards import time_bounded
+from literl.training.api import train
+from literl.training.metrics import read_metrics
+from tests.conftest import build_tiny_qwen3
+
+FAST = ["trainer.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+        "eval.limit=2", "eval.samples=1", "eval.greedy=false", "eval.before=false", "eval.every=0",
+        "trainer.progress=false", "data.size=32", "optim.lr=1e-3"]
+
+
+def _overrides(model_dir, out, *extra):
+    return [f"model.path={model_dir}", f"trainer.output_dir={out}", *FAST, *extra]
+
+
+def _train(model_dir, out, *extra, preset="grpo", **kwargs):
+    return train(load_config(preset=preset, overrides=_overrides(model_dir, out, *extra)), **kwargs)
+
+
+@time_bounded      # runs in-process: a worker process would first import this module (torch, transformers)
+def varying_reward(response: str, example: dict, *, timeout_s: float = 5.0) -> float:
+    """Rewards that differ within groups even for a random model, so every step really updates."""
+    return float(len(response) % 3 == 0)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from literl.testbed.tokenizer import build_char_tokenizer
+
+    path = tmp_path_factory.mktemp("model") / "tiny-qwen3"
+    build_tiny_qwen3().save_pretrained(path)
+    build_char_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished_run(model_dir, tmp_path_factory):
+    """A grpo run of two steps with checkpoints at steps 1 and 2 (read-only: tests copy it)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    _train(model_dir, out, "trainer.save_every=1", reward_fns=[varying_reward])
+    return out
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    target = tmp_path / "run"
+    shutil.copytree(finished_run, target)
+    return target
+
+
+def _console(capsys) -> str:
+    """What the run printed, unwrapped (the console folds long lines at the terminal width)."""
+    return capsys.readouterr().err.replace("\n", "")
+
+
+def _tree(folder):
+    """Every path under `folder` with its bytes (None for a folder), for 'nothing was changed' checks."""
+    return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
+
+
+# ------------------------------------------------------------------------------------------ 2. not a run
+def test_resume_refuses_a_folder_that_is_not_a_literl_run_and_deletes_nothing(model_dir, tmp_path, capsys):
+    """Issue 31.2: `trainer.resume=true` on a folder holding the user's notes.txt, .old-backup/, .tmp-work/ and
+    .bashrc.tmp removed the two folders recursively as 'unfinished temporary files', then trained into it."""
+    folder = tmp_path / "mine"
+    for sub in (".old-backup", ".tmp-work"):
+        (folder / sub).mkdir(parents=True)
+        (folder / sub / "precious.txt").write_text("keep me")
+    (folder / "notes.txt").write_text("my notes")
+    (folder / ".bashrc.tmp").write_text("export X=1")
+    before = _tree(folder)
+    for resume in ("true", "false"):
+        assert main(["train", *_overrides(model_dir, folder, f"trainer.resume={resume}")]) == 2
+        err = _console(capsys)
+        assert "not a literl run" in err and "notes.txt" in err and "trainer.output_dir" in err
+        assert _tree(folder) == before, "nothing in the folder was changed"
+
+
+def test_a_run_keeps_files_that_only_look_like_temporaries(model_dir, run_copy):
+    """Only literl's own temporaries (their exact names, where literl writes them) are removed at a start."""
+    mine = [run_copy / ".old-backup", run_copy / "checkpoints/.tmp-work", run_copy / ".bashrc.tmp"]
+    mine[0].mkdir()
+    mine[1].mkdir()
+    mine[2].write_text("export X=1")
+    literl_leftovers = [run_copy / "checkpoints/.tmp-step_000003-4242", run_copy / ".old-final-4242",
+                        run_copy / ".metrics.jsonl.ab_cd9xy.tmp", run_copy / "checkpoints/.latest.q1w2e3r4.tmp"]
+    for path in literl_leftovers:
+        path.mkdir() if "step_" in path.name or "final" in path.name else path.write_text("half")
+    _train(model_dir, run_copy, "trainer.resume=true", "trainer.steps=3", reward_fns=[varying_reward])
+    assert all(p.exists() for p in mine)
+    assert not any(p.exists() for p in literl_leftovers)
+    assert [r["step"] for r in read_metrics(run_copy)] == [1, 2, 3]
