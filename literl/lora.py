@@ -28,6 +28,7 @@ hold the adapter only (peft's save_pretrained; `training.checkpoint` restores it
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import torch
 
 ADAPTER = "default"
 ALL_LINEAR = "all-linear"
+SUPPORTED_PEFT = ">=0.20,<0.22"   # pyproject.toml's lora extra: the releases the LoRA tests pass with
 
 
 def lora_enabled(cfg) -> bool:
@@ -90,16 +92,32 @@ def _lora_layers(base: torch.nn.Module):
             yield name, module
 
 
+def _base_name(name: str) -> str:
+    """A module or parameter name of the peft model as the base model spells it (peft nests each adapted module as
+    `<name>.base_layer`, twice where one module carries two adapted parameters)."""
+    return re.sub(r"\.base_layer(?=\.|$)", "", name)
+
+
 @torch.no_grad()
 def merged_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The base model's state dict with every adapted weight merged (W + scale·B·A), under the base model's own
-    parameter names: what an engine with its own copy of the weights loads after each step."""
+    """The base model's state dict with every adapted tensor merged (W + scale·B·A), under the base model's own
+    parameter names: what an engine with its own copy of the weights loads after each step.
+
+    Every adapter kind peft creates: a LoRA module adapts its base layer's `weight`, and a `ParamWrapper` (peft's
+    `target_parameters`: the fused 3-D expert tensors `gate_up_proj` / `down_proj` of a mixture of experts, and its
+    router) adapts the parameter it names; peft's `get_delta_weight` gives ΔW in that parameter's own layout."""
     base = policy.get_base_model()
-    merged = {name.replace(".base_layer.", "."): tensor for name, tensor in base.state_dict().items()
-              if "lora_" not in name}
+    merged = {_base_name(name): tensor for name, tensor in base.state_dict().items() if "lora_" not in name}
     for name, module in _lora_layers(base):
-        weight = module.get_base_layer().weight
-        merged[f"{name}.weight"] = weight + module.get_delta_weight(ADAPTER).to(weight.dtype)
+        key = f"{_base_name(name)}.{getattr(module, 'parameter_name', 'weight')}"
+        delta = module.get_delta_weight(ADAPTER)
+        if key not in merged or merged[key].shape != delta.shape:
+            raise RuntimeError(
+                f"cannot merge the LoRA adapter of {name} ({type(module).__name__} of peft {_peft().__version__}): "
+                f"its update has shape {tuple(delta.shape)}, the base model's {key} "
+                f"{tuple(merged[key].shape) if key in merged else 'does not exist'}. literl merges the adapters "
+                f"peft {SUPPORTED_PEFT} creates; name other modules in model.lora.target_modules")
+        merged[key] = merged[key] + delta.to(merged[key].dtype)
     return merged
 
 
