@@ -12,8 +12,8 @@ The default is `literl.rewards.math_answer:math_accuracy`.
     score_b   = Σ_i w_i · f_i(response_b, example_b)
     correct_b = f_1(response_b, example_b) ≥ 0.5          (the FIRST function decides accuracy)
 
-Robustness: a function that raises, returns a non-number (a string is not a number, even "1"), or runs past
-`timeout_s` scores 0 for that response; the event is counted in the metrics and warned about once per function
+Robustness: a function that raises, returns a non-number (a string is not a number, even "1"; nor is 10**400 or
+1e39, which float32 cannot hold), or runs past `timeout_s` scores 0 for that response; the event is counted in the metrics and warned about once per function
 and kind, and training goes on. All the checks of one `score` call (a step's responses) share a budget of
 `step_timeout_s`: once it is spent, the remaining slow checks are not run and score 0 as timeouts, so a
 collapsed policy repeating hostile answers cannot stall a step for minutes. To bound its time, an ordinary
@@ -43,6 +43,7 @@ from literl.rewards.conventions import (call_literl, call_trl, call_verl, check_
 from literl.rewards.isolation import CallOutcome, IsolatedRunner, resolve_function
 
 DEFAULT_REWARD_FN = "literl.rewards.math_answer:math_accuracy"
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 _WORKER_CALLS = {"verl": "literl.rewards.conventions:call_verl_by_path",
                  "trl": "literl.rewards.conventions:call_trl_by_path"}
 
@@ -256,16 +257,27 @@ def importable_path(fn: Callable) -> str | None:
 
 
 def _as_reward(outcome: CallOutcome) -> tuple[float, str | None]:
-    """(value, None) for a finite number; (0.0, reason) for anything else."""
+    """(value, None) for a number that float32 holds finite (rewards become a float32 tensor); (0.0, reason) for
+    anything else, whatever converting it raises (10**400: OverflowError; a __float__ that fails)."""
     if outcome.status != "ok":
         return 0.0, outcome.error
     value: Any = outcome.value
     if isinstance(value, (str, bytes)):     # float("1") would pass: an answer string is not a reward
-        return 0.0, f"returned {type(value).__name__} {value!r:.80}, not a number"
+        return 0.0, f"returned {type(value).__name__} {_shown(value)}, not a number"
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        return 0.0, f"returned {type(value).__name__} {value!r:.80}, not a number"
+    except Exception as exc:  # noqa: BLE001 - a user's object may raise anything from __float__
+        return 0.0, f"returned {type(value).__name__} {_shown(value)}, not a number ({type(exc).__name__}: {exc})"
     if not math.isfinite(number):
         return 0.0, f"returned {number}"
+    if abs(number) > FLOAT32_MAX:
+        return 0.0, f"returned {number:g}, beyond float32's range (±{FLOAT32_MAX:.4g}), where rewards are kept"
     return number, None
+
+
+def _shown(value: Any) -> str:
+    """The start of a value's repr, for a message; a repr that raises is not the caller's problem."""
+    try:
+        return f"{value!r:.80}"
+    except Exception:  # noqa: BLE001
+        return "(unprintable)"

@@ -66,3 +66,46 @@ def test_a_time_bounded_function_gets_only_what_is_left_of_the_budget():
     assert math_accuracy("\\boxed{2}", EXAMPLE, timeout_s=0.0) == 1.0            # decided by its text: scored
     assert math_accuracy("\\boxed{\\frac{4}{2}}", EXAMPLE, timeout_s=0.0) == 0.0  # needs Math-Verify: skipped
     assert math_accuracy.timeout_counter() == before + 1
+
+
+# ------------------------------------------------------------------------------------------ issue 31.9
+@pytest.mark.parametrize("response,problem", [("huge", "OverflowError"), ("no_float", "no float for you"),
+                                              ("float32_inf", "1e\\+39.*float32")])
+def test_a_reward_value_that_cannot_become_a_float32_scores_zero_and_is_counted(response, problem):
+    """Issue 31.9: 10**400 (OverflowError) and an object whose __float__ raises, returned from a worker, killed the
+    run; 1e39 (finite in float64, inf in float32) gave `reward/mean: null`. Each now scores 0, counted, the
+    function named."""
+    rewards = RewardSet([("sample_reward_fns:returns_hostile_values", 1.0)], n_workers=1)
+    try:
+        with pytest.warns(RewardWarning, match=f"returns_hostile_values.*{problem}"):
+            scores_B, _, metrics = rewards.score([response, "ok"], [EXAMPLE, EXAMPLE])
+    finally:
+        rewards.close()
+    assert scores_B.tolist() == [0.0, 0.5]
+    assert metrics["reward/returns_hostile_values/errors"] == 1.0
+    assert metrics["reward/returns_hostile_values/mean"] == 0.25
+
+
+@time_bounded
+def returns_a_float32_overflow(response: str, example: dict, *, timeout_s: float = 5.0) -> float:
+    return 1e39
+
+
+def test_an_in_process_reward_beyond_float32_scores_zero_and_is_counted():
+    rewards = RewardSet([(returns_a_float32_overflow, 1.0)])
+    with pytest.warns(RewardWarning, match="1e\\+39.*float32"):
+        scores_B, _, metrics = rewards.score(["a"], [EXAMPLE])
+    assert scores_B.tolist() == [0.0] and metrics["reward/returns_a_float32_overflow/errors"] == 1.0
+
+
+def test_a_worker_result_that_cannot_be_read_back_scores_zero_and_the_worker_serves_on():
+    """An exception instance that the parent cannot unpickle (`_receive`) used to end the run with a TypeError."""
+    rewards = RewardSet([("sample_reward_fns:returns_an_unreadable_exception", 1.0)], n_workers=1)
+    try:
+        with pytest.warns(RewardWarning, match="could not be read back"):
+            scores_B, _, metrics = rewards.score(["a", "b"], [EXAMPLE, EXAMPLE])
+        assert rewards._runner.call("sample_reward_fns:length_bonus", ("x" * 50, EXAMPLE), 30.0).value == 0.5
+    finally:
+        rewards.close()
+    assert scores_B.tolist() == [0.0, 0.0]
+    assert metrics["reward/returns_an_unreadable_exception/errors"] == 2.0
