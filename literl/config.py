@@ -163,6 +163,9 @@ class RewardConfig:
     step_timeout_s: float = knob(120.0, "wall-clock budget for all reward checks of one step; once spent, the "
                                         "remaining slow checks score 0 and count as timeouts (a collapsed policy "
                                         "repeating hostile answers cannot stall a step for minutes)")
+    max_failed_batches: int = knob(3, "stop the run (after saving the last complete step) when this many scored "
+                                      "batches in a row (one per step, more when dynamic sampling resamples) had "
+                                      "every reward call fail or time out: no signal to learn from; 0: never stop")
 
 
 @dataclass

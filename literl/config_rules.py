@@ -151,6 +151,7 @@ def validate(cfg: Config) -> None:
     _check(t.replay_max_gib >= 0, f"trainer.replay_max_gib={t.replay_max_gib} must be >= 0 (0 turns replay off)")
     _check(ev.samples >= 1, "eval.samples must be >= 1")
     _check(cfg.reward.timeout_s > 0, "reward.timeout_s must be > 0")
+    _check(cfg.reward.max_failed_batches >= 0, "reward.max_failed_batches must be >= 0 (0: never stop)")
     _check(cfg.reward.step_timeout_s >= cfg.reward.timeout_s,
            f"reward.step_timeout_s={cfg.reward.step_timeout_s} must be >= reward.timeout_s={cfg.reward.timeout_s} "
            "(the step's budget holds at least one full check)")

@@ -25,6 +25,9 @@ testbed's integer answers are scored in microseconds.
 
 Metrics per function `<name>` (the function's name): `reward/<name>/mean`, `reward/<name>/timeouts`,
 `reward/<name>/errors` (counts in this batch).
+
+A reward that cannot work at all (every call of every function failing or timing out, `max_failed_batches`
+scored batches in a row: `reward.max_failed_batches`) raises `RewardsFailing` rather than train on zeros.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ _WORKER_CALLS = {"verl": "literl.rewards.conventions:call_verl_by_path",
 
 class RewardWarning(UserWarning):
     """A reward function failed or timed out on some responses (they scored 0)."""
+
+
+class RewardsFailing(RuntimeError):
+    """Batch after batch, every reward call failed or timed out: training would go on without any signal."""
 
 
 def load_reward_fn(path: str, convention: str = "auto") -> Callable:
@@ -83,7 +90,8 @@ class RewardSet:
     """
 
     def __init__(self, fns: Sequence[tuple], *, timeout_s: float = 5.0, n_workers: int | None = None,
-                 step_timeout_s: float | None = None, chat_messages: Callable[[dict], list[dict]] | None = None):
+                 step_timeout_s: float | None = None, chat_messages: Callable[[dict], list[dict]] | None = None,
+                 max_failed_batches: int = 0):
         if not fns:
             raise ValueError(f"RewardSet needs at least one (function path, weight) pair, e.g. "
                              f"[({DEFAULT_REWARD_FN!r}, 1.0)]")
@@ -103,6 +111,10 @@ class RewardSet:
         self.n_workers = n_workers or min(2, os.cpu_count() or 1)
         self._runner: IsolatedRunner | None = None
         self._warned: set[tuple[str, str]] = set()
+        if max_failed_batches < 0:
+            raise ValueError(f"max_failed_batches must be >= 0 (0: never stop; got {max_failed_batches})")
+        self.max_failed_batches = max_failed_batches
+        self._failed_in_a_row = 0
 
     @staticmethod
     def _entry(fn_or_path: str | Callable, weight: float, convention: str = "auto") -> _Entry:
@@ -134,8 +146,10 @@ class RewardSet:
         correct_B = torch.zeros(len(responses), dtype=torch.bool)
         metrics: dict[str, float] = {}
         deadline = time.monotonic() + self.step_timeout_s if self.step_timeout_s else math.inf
+        usable = False
         for position, entry in enumerate(self.entries):
             values, timeouts, errors = self._values(entry, responses, examples, deadline)
+            usable = usable or timeouts + errors < len(values)
             values_B = torch.tensor(values, dtype=torch.float32)
             scores_B += entry.weight * values_B
             if position == 0:
@@ -143,8 +157,22 @@ class RewardSet:
             metrics[f"reward/{entry.name}/mean"] = float(values_B.mean()) if len(values) else 0.0
             metrics[f"reward/{entry.name}/timeouts"] = float(timeouts)
             metrics[f"reward/{entry.name}/errors"] = float(errors)
+        self._count_failed_batch(failed=bool(responses) and not usable)
         return scores_B, correct_B, metrics
 
+    def _count_failed_batch(self, *, failed: bool) -> None:
+        """Stop after `max_failed_batches` scored batches in a row without one usable reward: a reward that cannot
+        work (a judge that never answers, a function that always raises) would otherwise cost every step its
+        checking budget, for zero signal, forever."""
+        self._failed_in_a_row = self._failed_in_a_row + 1 if failed else 0
+        limit = self.max_failed_batches
+        if limit and self._failed_in_a_row >= limit:
+            names = ", ".join(e.path for e in self.entries)
+            raise RewardsFailing(
+                f"{self._failed_in_a_row} scored batches in a row in which every reward call failed or timed out "
+                f"({names}; the warnings above show the first case of each), so training had no signal: stopping "
+                f"(reward.max_failed_batches={limit}). Fix the reward function (or the service it calls), or raise "
+                "reward.timeout_s / reward.step_timeout_s if the checks are just slow")
     def _values(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict], deadline: float
                 ) -> tuple[list[float], int, int]:
         if entry.convention == "trl":

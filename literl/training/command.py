@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[literl] {note}", file=sys.stderr)
         return 0
     from literl.distributed import ClusterError
+    from literl.rewards import RewardsFailing
     from literl.run_lock import DirectoryBusy
     from literl.training.api import run as run_training
     from literl.training.checkpoint import CheckpointError
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             ClusterError) as err:
         print(f"literl train: {err}", file=sys.stderr)
         return 2
-    except NonFiniteTraining as err:
+    except (NonFiniteTraining, RewardsFailing) as err:       # the trainer already said what it saved
         print(f"literl train: {err}", file=sys.stderr)
         return 1
     except OSError as err:

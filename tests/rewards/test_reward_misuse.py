@@ -109,3 +109,39 @@ def test_a_worker_result_that_cannot_be_read_back_scores_zero_and_the_worker_ser
         rewards.close()
     assert scores_B.tolist() == [0.0, 0.0]
     assert metrics["reward/returns_an_unreadable_exception/errors"] == 2.0
+
+
+# ------------------------------------------------------------------------------------------ issue 31.10
+def test_rewards_that_fail_on_every_response_batch_after_batch_stop_the_run():
+    """Issue 31.10: a hung TRL-style batched reward cost reward.step_timeout_s every step, forever, with zero
+    signal. After `max_failed_batches` scored batches in a row in which every reward timed out or failed, scoring
+    raises RewardsFailing naming the functions and the setting; a batch with one usable reward resets the count."""
+    from literl.rewards import RewardsFailing
+
+    rewards = RewardSet([("sample_reward_fns:trl_hangs", 1.0)], timeout_s=0.2, step_timeout_s=0.5, n_workers=1,
+                        max_failed_batches=2)
+    try:
+        with pytest.warns(RewardWarning, match="ran past its time limit"):
+            scores_B, _, _ = rewards.score(["a", "b"], [EXAMPLE, EXAMPLE])
+        assert scores_B.tolist() == [0.0, 0.0]
+        start = time.perf_counter()
+        with pytest.raises(RewardsFailing, match=r"2 scored batches in a row.*trl_hangs.*reward.max_failed_batches"):
+            rewards.score(["a", "b"], [EXAMPLE, EXAMPLE])
+        assert time.perf_counter() - start < 0.5 + 5.0
+    finally:
+        rewards.close()
+
+
+def test_one_usable_reward_in_a_batch_resets_the_failure_count():
+    @time_bounded
+    def fails_unless_told(response: str, example: dict, *, timeout_s: float = 5.0) -> float:
+        if response != "fine":
+            raise ValueError("judge unreachable")
+        return 1.0
+
+    rewards = RewardSet([(fails_unless_told, 1.0)], max_failed_batches=2)
+    with pytest.warns(RewardWarning):
+        for responses in (["x", "y"], ["x", "fine"], ["x", "y"], ["fine", "y"], ["x", "y"]):
+            rewards.score(responses, [EXAMPLE] * 2)
+    with pytest.raises(Exception, match="2 scored batches in a row"):
+        rewards.score(["x", "y"], [EXAMPLE] * 2)

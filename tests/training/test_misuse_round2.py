@@ -104,3 +104,38 @@ def test_a_run_keeps_files_that_only_look_like_temporaries(model_dir, run_copy):
     assert all(p.exists() for p in mine)
     assert not any(p.exists() for p in literl_leftovers)
     assert [r["step"] for r in read_metrics(run_copy)] == [1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------------ 8. refused resume
+def test_a_refused_resume_leaves_config_yaml_as_it_was(model_dir, run_copy):
+    """Issue 31.8: a resume refused because its override does not fit the checkpoint (a LoRA rank on a run
+    without LoRA) rewrote config.yaml with that override, so the next plain resume failed too."""
+    saved = (run_copy / "config.yaml").read_bytes()
+    record = (run_copy / "run.json").read_bytes()
+    with pytest.raises(RuntimeError, match="model.lora.rank=0"):
+        _train(model_dir, run_copy, "trainer.resume=true", "trainer.steps=3", "model.lora.rank=4",
+               reward_fns=[varying_reward])
+    assert (run_copy / "config.yaml").read_bytes() == saved
+    assert (run_copy / "run.json").read_bytes() == record
+    assert main(["train", f"trainer.output_dir={run_copy}", "trainer.resume=true", "trainer.steps=3"]) == 0
+    assert [r["step"] for r in read_metrics(run_copy)] == [1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------------ 10. rewards that never work
+@time_bounded
+def unreachable_judge(response: str, example: dict, *, timeout_s: float = 5.0) -> float:
+    raise ConnectionError("the judge at http://judge:8000 does not answer")
+
+
+def test_a_reward_that_fails_every_step_stops_the_run_with_its_last_checkpoint(model_dir, tmp_path, capsys):
+    """Issue 31.10: every step spent its reward budget for zero signal, forever. Now reward.max_failed_batches
+    batches in a row without one usable reward stop the run (exit 1, a message naming the function and the
+    setting, no traceback), after saving the state of the last complete step."""
+    out = tmp_path / "run"
+    code = main(["train", *_overrides(model_dir, out, "trainer.steps=4", "reward.max_failed_batches=2",
+                                      "reward.fns.0.fn=tests.training.test_misuse_round2:unreachable_judge")])
+    err = _console(capsys)
+    assert code == 1 and "Traceback" not in err
+    assert "unreachable_judge" in err and "reward.max_failed_batches=2" in err
+    assert [r["step"] for r in read_metrics(out)] == [1]
+    assert (out / "checkpoints/step_000001").is_dir()
