@@ -52,6 +52,9 @@ class DiskFullError(OSError):
     """A save ran out of disk space; the message names the free space and trainer.keep_checkpoints."""
 
 
+DISK_FULL_BYTES = 1 << 20      # a save that failed with less free than this ran out of space, whatever it raised
+
+
 def save_model(directory: Path, model: torch.nn.Module, tokenizer) -> Path:
     """Write `model` and `tokenizer` with save_pretrained, atomically replacing `directory`."""
     directory = Path(directory)
@@ -61,9 +64,8 @@ def save_model(directory: Path, model: torch.nn.Module, tokenizer) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        _raise_if_disk_full(err, directory.parent, f"the model to {directory}", keep=None)
+    except BaseException as err:
+        _give_up_save(err, tmp, directory.parent, f"the model to {directory}", keep=None)
         raise
     _replace_dir(tmp, directory)
     return directory
@@ -125,9 +127,8 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state
         torch.save({"step": step, **trainer_state}, tmp / "trainer_state.pt")
         if config_text is not None:
             (tmp / "config.yaml").write_text(config_text, encoding="utf-8")
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)       # a partial copy would only take more space
-        _raise_if_disk_full(err, root, f"checkpoint {name}", keep=keep)
+    except BaseException as err:
+        _give_up_save(err, tmp, root, f"checkpoint {name}", keep=keep)
         raise
     _replace_dir(tmp, root / name)
     write_text_atomic(root / "latest", name)
@@ -152,19 +153,42 @@ def _prune(root: Path, keep: int, *, protect: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _raise_if_disk_full(err: OSError, where: Path, what: str, *, keep: int | None) -> None:
-    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-        return
-    free = _human(shutil.disk_usage(where).free) if where.exists() else "unknown"
+def _give_up_save(err: BaseException, tmp: Path, where: Path, what: str, *, keep: int | None) -> None:
+    """A save failed: remove its partial copy (it would only take more space), and raise DiskFullError when the
+    disk is full. torch.save and safetensors report a full disk as RuntimeError / SafetensorError, not
+    OSError(ENOSPC), so the free space decides too, measured before the partial copy goes (it is what filled it)."""
+    full = isinstance(err, Exception) and _disk_full(err, where)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if full:
+        _raise_disk_full(err, where, what, keep=keep)
+
+
+def _disk_full(err: Exception, where: Path) -> bool:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return _free_bytes(where) < DISK_FULL_BYTES
+    except OSError:
+        return False
+
+
+def _free_bytes(where: Path) -> int:
+    return shutil.disk_usage(where).free
+
+
+def _raise_disk_full(err: Exception, where: Path, what: str, *, keep: int | None) -> None:
+    free = _human(_free_bytes(where)) if where.exists() else "unknown"
     newest = _complete(where)[-1:] if keep is not None else []
     size = f" (about {_human(_tree_size(newest[0]))})" if newest else ""
     keeping = (f"besides the trainer.keep_checkpoints={keep} it keeps" if keep else
                "besides every checkpoint (trainer.keep_checkpoints=0 keeps all)") if keep is not None else ""
-    raise DiskFullError(err.errno, (
-        f"no space left on the device while writing {what}: {free} free in {where}. A save needs room for one "
-        f"checkpoint{size} {keeping}. Free some space, lower trainer.keep_checkpoints (the next save removes the "
-        f"older ones before writing), or move trainer.output_dir to a larger disk; then continue with "
-        f"trainer.resume=true. Nothing already saved was lost.").replace("  ", " ")) from None
+    cause = " ".join(str(err).split())[:200]
+    raise DiskFullError(errno.ENOSPC, (
+        f"no space left on the device while writing {what}: {free} free in {where} after removing the partial "
+        f"copy ({type(err).__name__}: {cause}). A save needs room for one checkpoint{size} {keeping}. Free some "
+        f"space, lower trainer.keep_checkpoints (the next save removes the older ones before writing), or move "
+        f"trainer.output_dir to a larger disk; then continue with trainer.resume=true. Nothing already saved was "
+        f"lost.").replace("  ", " ")) from None
 
 
 def _tree_size(path: Path) -> int:

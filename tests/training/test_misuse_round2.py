@@ -7,6 +7,7 @@ ones start from one finished two-step run (checkpoints at steps 1 and 2), copied
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -104,6 +105,76 @@ def test_a_run_keeps_files_that_only_look_like_temporaries(model_dir, run_copy):
     assert all(p.exists() for p in mine)
     assert not any(p.exists() for p in literl_leftovers)
     assert [r["step"] for r in read_metrics(run_copy)] == [1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------------ 7. full disk
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs (a real file system that fills up); needs root to mount."""
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root (the simulated full-disk test runs everywhere)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("this machine does not let a test mount a tmpfs")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def _fill(disk, leave: int):
+    """Fill `disk` up to `leave` free bytes with one file; returns it."""
+    filler = disk / "filler"
+    free = shutil.disk_usage(disk).free
+    with open(filler, "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+    return filler
+
+
+def test_a_full_disk_during_a_checkpoint_is_named_and_leaves_no_partial_copy(model_dir, finished_run, small_disk,
+                                                                              capsys):
+    """Issue 31.7, on a real full disk: torch.save and safetensors report it as RuntimeError / SafetensorError,
+    not OSError(ENOSPC), so the disk-full message never appeared and the partial `.tmp-step_*` stayed on the full
+    disk. Now the free space tells, the message names trainer.keep_checkpoints and the free space, the partial
+    copy is removed, and once there is room the resume saves."""
+    run = small_disk / "run"
+    shutil.copytree(finished_run, run)
+    filler = _fill(small_disk, leave=40_000)
+    argv = ["train", *_overrides(model_dir, run, "trainer.resume=true", "trainer.steps=3")]
+    assert main(argv) == 1
+    err = _console(capsys)
+    assert "no space left" in err and "trainer.keep_checkpoints=2" in err and " free in " in err
+    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")], "partial copy removed"
+    filler.unlink()
+    assert main(argv) == 0
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+
+
+def test_a_save_error_that_is_not_an_oserror_on_a_full_disk_is_reported_as_a_full_disk(model_dir, run_copy,
+                                                                                       monkeypatch, capsys):
+    """The same without root: torch.save raises what it raises on a full disk (a RuntimeError) while the disk
+    reports no free space."""
+    import torch
+
+    from literl.training import checkpoint
+
+    real_save = torch.save
+
+    def save_on_a_full_disk(obj, path, *args, **kwargs):
+        if "checkpoints" in str(path):
+            with open(path, "wb") as f:
+                f.write(b"partial")
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_on_a_full_disk)
+    monkeypatch.setattr(checkpoint, "_free_bytes", lambda where: 4096)
+    assert main(["train", *_overrides(model_dir, run_copy, "trainer.resume=true", "trainer.steps=3")]) == 1
+    err = _console(capsys)
+    assert "no space left" in err and "4.0 KiB free" in err and "trainer.keep_checkpoints=2" in err
+    assert "unexpected pos 64" in err, "the original error is quoted"
+    assert not [p.name for p in (run_copy / "checkpoints").iterdir() if p.name.startswith(".")]
 
 
 # ------------------------------------------------------------------------------------------ 8. refused resume
