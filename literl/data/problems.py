@@ -27,6 +27,7 @@ from literl.data.files import ROW_FILE_SUFFIXES, read_rows
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 NORMALISED = ("id", "problem", "answer")      # the keys every record has
+FIELD_OPTION = "{role}_field=<one of them>"    # how a field is named in Python; commands pass their own option
 
 
 class DataWarning(UserWarning):
@@ -58,15 +59,18 @@ class ProblemSet(Sequence[dict]):
 
 def load_problems(source: str | Path, *, data_dir: str | Path | None = None, split: str | None = None,
                   problem_field: str = "problem", answer_field: str = "answer", id_field: str = "id",
-                  limit: int | None = None, name: str | None = None) -> ProblemSet:
+                  limit: int | None = None, name: str | None = None,
+                  field_option: str = FIELD_OPTION) -> ProblemSet:
     """Load and normalise a problem set. `source`: a file path, a benchmark name or a hub dataset id.
 
-    `split` applies to hub datasets (default "train"). `limit` keeps the first N usable problems.
+    `split` applies to hub datasets (default "train"). `limit` keeps the first N usable problems. `field_option`
+    is how the caller's command names a field (`{role}` is problem or answer), for the missing-field message:
+    `literl train` takes `data.answer_field=...`, `literl eval` takes `--answer-field ...`.
     """
     source_text = str(source)
     rows, resolved_name, origin = _read_source(source_text, data_dir=data_dir, split=split)
     records, skipped = normalize_records(rows, origin=origin, problem_field=problem_field,
-                                         answer_field=answer_field, id_field=id_field)
+                                         answer_field=answer_field, id_field=id_field, field_option=field_option)
     if limit is not None:
         if limit < 0:
             raise ValueError(f"limit must be >= 0 (got {limit})")
@@ -108,7 +112,7 @@ def _read_hub_dataset(dataset_id: str, split: str) -> list[dict]:
 
 
 def normalize_records(rows: Sequence[dict], *, origin: str = "problem set", problem_field: str = "problem",
-                      answer_field: str = "answer", id_field: str = "id"
+                      answer_field: str = "answer", id_field: str = "id", field_option: str = FIELD_OPTION
                       ) -> tuple[list[dict[str, Any]], list[str]]:
     """Records `{"id", "problem", "answer", ...}` and the ids of rows skipped for a missing answer."""
     if not rows:
@@ -117,7 +121,7 @@ def normalize_records(rows: Sequence[dict], *, origin: str = "problem set", prob
     for role, name in (("problem", problem_field), ("answer", answer_field)):
         if not any(name in row for row in rows):
             raise MissingFieldError(f"{origin} has no {role} field {name!r}; its fields are: {', '.join(present)}. "
-                            f"Pass {role}_field=<one of them> (--{role}-field, data.{role}_field)")
+                                    f"Name the one to use: {field_option.format(role=role)}")
     has_ids = any(id_field in row for row in rows)
     records, skipped = [], []
     for index, row in enumerate(rows):

@@ -210,3 +210,32 @@ def test_a_reward_that_fails_every_step_stops_the_run_with_its_last_checkpoint(m
     assert "unreachable_judge" in err and "reward.max_failed_batches=2" in err
     assert [r["step"] for r in read_metrics(out)] == [1]
     assert (out / "checkpoints/step_000001").is_dir()
+
+
+# ------------------------------------------------------------------------------------------ 11-12. data files
+@pytest.mark.parametrize("content", ["", "\n  \n\n", '{"problem": "What is 1+1?", "answer": "  "}\n'
+                                                     '{"problem": "What is 2+2?", "answer": null}\n'],
+                         ids=["empty", "blank-lines", "blank-answers"])
+def test_a_data_file_without_a_usable_problem_says_so(model_dir, tmp_path, capsys, content):
+    """Issue 31.11: these were reported as 'every training problem is too long for the model'."""
+    data = tmp_path / "problems.jsonl"
+    data.write_text(content)
+    assert main(["train", *_overrides(model_dir, tmp_path / "run"), "--data", str(data)]) == 2
+    err = _console(capsys)
+    assert f"{data} holds no usable problem" in err and "too long" not in err
+
+
+def test_a_missing_field_is_named_with_the_option_of_the_command_that_read_it(model_dir, tmp_path, capsys):
+    """Issue 31.12: the hint named --answer-field, which `literl train` rejects; train takes data.answer_field."""
+    data = tmp_path / "problems.jsonl"
+    data.write_text('{"question": "What is 1+1?", "final": "2"}\n')
+    assert main(["train", *_overrides(model_dir, tmp_path / "run"), "--data", str(data)]) == 2
+    err = _console(capsys)
+    assert "data.problem_field=<one of them>" in err and "--problem-field" not in err
+    assert main(["train", *_overrides(model_dir, tmp_path / "run"), "--data", str(data),
+                 "data.problem_field=question"]) == 2
+    err = _console(capsys)
+    assert "data.answer_field=<one of them>" in err and "--answer-field" not in err
+    assert main(["eval", "--model", str(model_dir), "--benchmarks", str(data), "--limit", "1"]) == 2
+    err = _console(capsys)
+    assert "--problem-field" in err and "data.problem_field" not in err
