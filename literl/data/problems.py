@@ -8,8 +8,9 @@ Every record becomes a dict `{"id": str, "problem": str, "answer": str, ...the r
 field names read are configurable (`problem_field`, `answer_field`, `id_field`); other columns that happen to be
 named `id`, `problem` or `answer` are dropped, never put in their place. When the id field is
 absent from the data the row number is the id. A non-string answer is converted (27.0 → "27", a one-element
-list → its element). A row whose answer is missing or empty is skipped and reported: one `DataWarning`
-naming the count and the ids, and `ProblemSet.skipped_ids`. It is never silently used.
+list → its element). A row whose answer is missing, empty or not a value (true/false, NaN, an object) is skipped
+and reported: one `DataWarning` naming the count and the ids, and `ProblemSet.skipped_ids`. It is never silently
+used.
 """
 
 from __future__ import annotations
@@ -139,19 +140,21 @@ def normalize_records(rows: Sequence[dict], *, origin: str = "problem set", prob
         records.append({"id": row_id, "problem": problem, "answer": answer, **others})
     if skipped:
         shown = ", ".join(skipped[:20]) + (", ..." if len(skipped) > 20 else "")
-        warnings.warn(f"{origin}: skipped {len(skipped)} of {len(rows)} rows with a missing or empty answer "
-                      f"(field {answer_field!r}); ids: {shown}", DataWarning, stacklevel=3)
+        warnings.warn(f"{origin}: skipped {len(skipped)} of {len(rows)} rows with a missing, empty or unusable "
+                      f"answer (field {answer_field!r}; true/false, NaN and objects are not answers); ids: {shown}",
+                      DataWarning, stacklevel=3)
     return records, skipped
 
 
 def answer_text(value: Any) -> str:
-    """A gold answer as a string; "" when there is none. 27.0 → "27", 1e-05 → "0.00001"; a one-element list →
-    its element."""
-    if value is None or isinstance(value, bool):
-        return "" if value is None else str(value)
+    """A gold answer as a string; "" when there is none, or none that a response could be checked against (true /
+    false, NaN or ±inf, an object): such rows are skipped and reported like empty ones, never trained on as the
+    gold "True", "nan" or "{'v': 32}". 27.0 → "27", 1e-05 → "0.00001"; a one-element list → its element."""
+    if value is None or isinstance(value, (bool, dict)):
+        return ""
     if isinstance(value, float):
         if not math.isfinite(value):
-            return repr(value)
+            return ""
         # Positional, as answers are written: repr's `1e-05` is Python's spelling, which Math-Verify reads with
         # Euler's e. repr's shortest digits, because the binary value's are noise (int(1e300) is 1000...0525...).
         text = format(Decimal(repr(value)), "f")

@@ -147,3 +147,16 @@ def test_named_fields_win_over_columns_that_share_the_normalised_names(tmp_path)
     record = load_problems(path, problem_field="question", answer_field="final", id_field="qid")[0]
     assert (record["id"], record["problem"], record["answer"]) == ("q7", "What is 25+7*1?", "32")
     assert record["level"] == 2
+
+
+@pytest.mark.parametrize("value", [True, False, float("nan"), float("inf"), {"v": 32}, [{"v": 32}], [True]],
+                         ids=["true", "false", "nan", "inf", "dict", "list-of-dict", "list-of-bool"])
+def test_answers_that_are_not_a_value_are_skipped_and_reported(tmp_path, value):
+    """Issue 31.13: true, NaN and a dict became the gold strings "True", "nan" and "{'v': 32}", silently: no
+    response can match them (or a wrong one does). They are skipped and counted as empty answers are."""
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps({"id": "odd", "problem": "What is 4*8?", "answer": value}) + "\n"
+                    + json.dumps({"id": "fine", "problem": "What is 1+1?", "answer": 2}) + "\n")
+    with pytest.warns(DataWarning, match=r"skipped 1 of 2 rows .*ids: odd"):
+        problems = load_problems(path)
+    assert [p["id"] for p in problems] == ["fine"] and problems.skipped_ids == ["odd"]
