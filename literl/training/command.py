@@ -52,7 +52,7 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
     """--model / --data / --data-dir as key=value overrides (JSON-quoted: any path is a YAML string). They come
     first, so a key=value given on the same line wins."""
     pairs = (("model.path", args.model), ("data.train", args.data), ("data.dir", args.data_dir))
-    return [f"{key}={json.dumps(value)}" for key, value in pairs if value is not None]
+    return [f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in pairs if value is not None]
 
 
 def run(args: argparse.Namespace) -> int:

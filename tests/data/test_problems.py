@@ -160,3 +160,12 @@ def test_answers_that_are_not_a_value_are_skipped_and_reported(tmp_path, value):
     with pytest.warns(DataWarning, match=r"skipped 1 of 2 rows .*ids: odd"):
         problems = load_problems(path)
     assert [p["id"] for p in problems] == ["fine"] and problems.skipped_ids == ["odd"]
+
+
+def test_a_file_that_starts_with_a_utf8_byte_order_mark_is_read(tmp_path):
+    """Issue 31.14: Windows editors save UTF-8 with a BOM; the file was refused ("not valid JSON")."""
+    rows = [{"id": "1", "problem": "What is 1+1?", "answer": "2"}]
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(rows[0]).encode() + b"\n")
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(rows).encode())
+    assert load_problems(tmp_path / "bom.jsonl").records == rows
+    assert load_problems(tmp_path / "bom.json").records == rows

@@ -11,6 +11,7 @@ import os
 import shutil
 
 import pytest
+import yaml
 
 from literl.cli import main
 from literl.config_loader import load_config
@@ -239,3 +240,19 @@ def test_a_missing_field_is_named_with_the_option_of_the_command_that_read_it(mo
     assert main(["eval", "--model", str(model_dir), "--benchmarks", str(data), "--limit", "1"]) == 2
     err = _console(capsys)
     assert "--problem-field" in err and "data.problem_field" not in err
+
+
+# ------------------------------------------------------------------------------------------ 14. paths and encodings
+def test_paths_with_any_character_and_files_with_a_byte_order_mark_are_read(tmp_path, capsys):
+    """Issue 31.14: a --data / --model path with an emoji was refused as 'not valid YAML' (json.dumps escaped it
+    into a surrogate pair); a --config file saved with a UTF-8 BOM was refused instead of read."""
+    folder = tmp_path / "données 🧮"
+    folder.mkdir()
+    data, model = folder / "train.jsonl", folder / "model"
+    assert main(["train", "--data", str(data), "--model", str(model), "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"]["train"] == str(data) and printed["model"]["path"] == str(model)
+    config = tmp_path / "bom.yaml"
+    config.write_bytes(b"\xef\xbb\xbf" + "trainer:\n  steps: 7\n".encode())
+    assert main(["train", "--config", str(config), "--print-config"]) == 0
+    assert "steps: 7" in capsys.readouterr().out
