@@ -113,6 +113,9 @@ class VllmConfig:
                                     "a GPU, else file) | file (a safetensors file in /dev/shm, reloaded in place) | "
                                     "ipc (vLLM's CUDA-IPC weight transfer; untested)")
     start_timeout_s: float = knob(600.0, "seconds the engine may take to start before the run stops with its log")
+    call_timeout_s: float = knob(3600.0, "seconds one engine request (a step's generation, an evaluation, a weight "
+                                         "sync) may take: past it the engine counts as hung, is killed, and the run "
+                                         "stops with its log and the last checkpoint, as for a dead engine")
     extra: dict[str, Any] = knob(help="more vllm.LLM(...) keyword arguments, passed as they are "
                                       "(e.g. rollout.vllm.extra={max_num_seqs: 128})", factory=dict)
 

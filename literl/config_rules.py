@@ -59,6 +59,7 @@ def _check_vllm(r) -> None:
     _check(v.max_model_len is None or v.max_model_len >= 2,
            f"rollout.vllm.max_model_len={v.max_model_len} must be >= 2, or null for the model's own")
     _check(v.start_timeout_s > 0, f"rollout.vllm.start_timeout_s={v.start_timeout_s} must be > 0")
+    _check(v.call_timeout_s > 0, f"rollout.vllm.call_timeout_s={v.call_timeout_s} must be > 0")
 
 def _check_finite(node, prefix: str = "") -> None:
     """NaN or ±inf in any setting (optim.lr=inf, rescale.low=nan) would poison every weight: refuse it at load."""
