@@ -25,6 +25,7 @@ from typing import Any, Iterator, Sequence
 
 from literl.data.benchmarks import benchmark_names, get_benchmark
 from literl.data.files import ROW_FILE_SUFFIXES, read_rows
+from literl.terminal_text import printable
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 NORMALISED = ("id", "problem", "answer")      # the keys every record has
@@ -139,7 +140,7 @@ def normalize_records(rows: Sequence[dict], *, origin: str = "problem set", prob
         others = {k: v for k, v in row.items() if k not in (problem_field, answer_field, id_field, *NORMALISED)}
         records.append({"id": row_id, "problem": problem, "answer": answer, **others})
     if skipped:
-        shown = ", ".join(skipped[:20]) + (", ..." if len(skipped) > 20 else "")
+        shown = printable(", ".join(skipped[:20]) + (", ..." if len(skipped) > 20 else ""))
         warnings.warn(f"{origin}: skipped {len(skipped)} of {len(rows)} rows with a missing, empty or unusable "
                       f"answer (field {answer_field!r}; true/false, NaN and objects are not answers); ids: {shown}",
                       DataWarning, stacklevel=3)

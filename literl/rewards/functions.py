@@ -44,6 +44,7 @@ import torch
 from literl.rewards.conventions import (call_literl, call_trl, call_verl, check_trl_columns, detect_convention,
                                        trl_columns)
 from literl.rewards.isolation import CallOutcome, IsolatedRunner, resolve_function
+from literl.terminal_text import printable
 
 DEFAULT_REWARD_FN = "literl.rewards.math_answer:math_accuracy"
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -262,8 +263,9 @@ class RewardSet:
             return
         self._warned.add((entry.name, kind))
         what = "ran past its time limit" if kind == "timeout" else "failed"
+        # The detail can quote the response (a parse error), so a model's output could drive the terminal.
         warnings.warn(f"reward function {entry.path} {what} on a response, which scored 0 "
-                      f"(first case: {detail}). Further cases are counted in reward/{entry.name}/{kind}s "
+                      f"(first case: {printable(detail)}). Further cases are counted in reward/{entry.name}/{kind}s "
                       "without more warnings.", RewardWarning, stacklevel=4)
 
     def close(self) -> None:

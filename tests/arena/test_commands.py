@@ -66,3 +66,15 @@ def test_report_of_plain_runs(tmp_path, capsys):
 def test_report_refuses_what_is_not_a_run(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "neither a run directory" in capsys.readouterr().err
+
+
+def test_report_labels_are_text_not_markup(tmp_path, capsys):
+    """Issue 31.15: a run label with two `$` crashed `literl report` in matplotlib's mathtext, and `[...]` in a
+    label was read as rich markup in the console table (`[bold]` vanished)."""
+    dollars, brackets = tmp_path / "lr $10^{-3$", tmp_path / "[bold]run"
+    write_run(dollars, [0.3, 0.4])
+    write_run(brackets, [0.3, 0.5])
+    assert main(["report", str(dollars), str(brackets), "--out", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out
+    assert "lr $10^{-3$" in out and "[bold]run" in out
+    assert (tmp_path / "r.html").is_file()

@@ -169,3 +169,15 @@ def test_a_file_that_starts_with_a_utf8_byte_order_mark_is_read(tmp_path):
     (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(rows).encode())
     assert load_problems(tmp_path / "bom.jsonl").records == rows
     assert load_problems(tmp_path / "bom.json").records == rows
+
+
+def test_terminal_escapes_in_skipped_ids_are_printed_escaped(tmp_path):
+    """Issue 31.15: ids come from the data; an id holding `ESC[2J` cleared the user's terminal when warned about."""
+    path = tmp_path / "hostile.jsonl"
+    path.write_text(json.dumps({"id": "\x1b[2J\x1b]0;owned\x07", "problem": "p", "answer": ""}) + "\n"
+                    + json.dumps({"id": "ok", "problem": "p", "answer": "1"}) + "\n")
+    with pytest.warns(DataWarning) as caught:
+        load_problems(path)
+    message = str(caught[0].message)
+    assert "\x1b" not in message and "\x07" not in message
+    assert "\\x1b[2J\\x1b]0;owned\\x07" in message

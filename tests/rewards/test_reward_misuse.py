@@ -145,3 +145,20 @@ def test_one_usable_reward_in_a_batch_resets_the_failure_count():
             rewards.score(responses, [EXAMPLE] * 2)
     with pytest.raises(Exception, match="2 scored batches in a row"):
         rewards.score(["x", "y"], [EXAMPLE] * 2)
+
+
+# ------------------------------------------------------------------------------------------ issue 31.15
+@time_bounded
+def echoes_the_response_in_its_error(response: str, example: dict, *, timeout_s: float = 5.0) -> float:
+    raise ValueError(f"cannot parse {response}")
+
+
+def test_terminal_escapes_in_a_reward_error_are_printed_escaped():
+    """Issue 31.15: a reward's error text can embed model output; OSC title/clipboard and screen-clearing
+    sequences in it reached the terminal raw."""
+    rewards = RewardSet([(echoes_the_response_in_its_error, 1.0)])
+    hostile = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J"
+    with pytest.warns(RewardWarning) as caught:
+        rewards.score([hostile], [EXAMPLE])
+    message = str(caught[0].message)
+    assert "\x1b" not in message and "\x07" not in message and "\\x1b]52;c;cm0gLXJmIH4=\\x07" in message
