@@ -51,10 +51,45 @@ def _peft():
     return peft
 
 
+class LoraRankWarning(UserWarning):
+    """model.lora.rank exceeds min(in, out) of some adapted layers: their adapters are larger than they need be."""
+
+
+def check_rank(model: torch.nn.Module, rank: int, targets: list[str]) -> None:
+    """Refuse a rank above min(in, out) of every linear layer the adapters target, and warn when it exceeds some.
+
+    An adapter B·A of rank r ≥ min(in, out) can already express any update of its layer, so a larger rank adds
+    parameters and memory (model.lora.rank=10000 on the testbed, whose layers are at most 128 wide: adapters 122×
+    the model's parameters) and nothing else. Checked before peft builds anything."""
+    out_layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    dims = {name: min(module.in_features, module.out_features) for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not out_layer
+            and (targets == [ALL_LINEAR] or name.rpartition(".")[2] in targets or name in targets)}
+    if not dims:
+        return              # peft names the targets it cannot find
+    largest = max(dims.values())
+    if rank > largest:
+        from literl.registry import ConfigError
+
+        adapters = sum(rank * (m.in_features + m.out_features) for n, m in model.named_modules() if n in dims)
+        ratio = adapters / max(1, sum(p.numel() for p in model.parameters()))
+        raise ConfigError(f"model.lora.rank={rank} exceeds min(in, out) of every layer it adapts (at most {largest}): "
+                          f"an adapter of rank >= min(in, out) can already express any update of its layer, so "
+                          f"this rank only makes the adapters bigger ({ratio:,.0f}x the model's parameters). Use "
+                          f"model.lora.rank <= {largest} (LoRA ranks are usually 8-64)")
+    smaller = sorted({name.rpartition(".")[2]: dim for name, dim in dims.items() if dim < rank}.items())
+    if smaller:
+        warnings.warn(f"model.lora.rank={rank} exceeds min(in, out) of "
+                      + ", ".join(f"{name} ({dim})" for name, dim in smaller)
+                      + ": their adapters can already express any update at that rank, so the rest only adds "
+                        "parameters", LoraRankWarning, stacklevel=3)
+
+
 def apply_lora(model: torch.nn.Module, spec) -> torch.nn.Module:
     """The policy with LoRA adapters of `spec` (rank, alpha, target_modules, dropout); base weights frozen."""
     peft = _peft()
     targets = list(spec.target_modules)
+    check_rank(model, spec.rank, targets)
     config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, bias="none",
                              target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else targets,
                              task_type="CAUSAL_LM")

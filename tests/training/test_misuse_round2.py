@@ -256,3 +256,23 @@ def test_paths_with_any_character_and_files_with_a_byte_order_mark_are_read(tmp_
     config.write_bytes(b"\xef\xbb\xbf" + "trainer:\n  steps: 7\n".encode())
     assert main(["train", "--config", str(config), "--print-config"]) == 0
     assert "steps: 7" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ 16. LoRA rank
+def test_a_lora_rank_beyond_every_adapted_layer_is_refused_before_the_adapters_are_made(model_dir, tmp_path,
+                                                                                        capsys):
+    """Issue 31.16: model.lora.rank=10000 on a model whose layers are at most 32 wide was accepted and built
+    adapters 1,200× the model's size. An adapter of rank r ≥ min(in, out) can already express any update of its
+    layer, so a rank above every adapted layer's min(in, out) is refused, naming that bound."""
+    assert main(["train", *_overrides(model_dir, tmp_path / "run", "model.lora.rank=10000")]) == 2
+    err = _console(capsys)
+    assert "model.lora.rank=10000" in err and "32" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_lora_rank_beyond_some_adapted_layers_is_a_warning():
+    from literl.lora import LoraRankWarning, apply_lora
+
+    spec = load_config(overrides=["model.lora.rank=24"]).model.lora
+    with pytest.warns(LoraRankWarning, match=r"k_proj.*16"):
+        apply_lora(build_tiny_qwen3(), spec)
