@@ -23,7 +23,8 @@ Integrity: a folder's manifest records the sha256 of each of its files (`files`;
 installed). Every use checks them (a few ms for the base testbed) before the folder is handed out: a changed,
 truncated or missing file (a disk error, a half copy, an edit) makes the folder *damaged*, and it is reinstalled
 from the shipped copy or rebuilt, with a `TestbedCacheWarning` naming it and the file. A folder cached by an
-earlier literl, whose manifest has no `files`, is checked against the shipped manifest it was installed from. The check reads nothing but the manifest, so it applies to every variant, present and future.
+earlier literl, whose manifest has no `files`, is checked against the shipped manifest it was installed from. The
+check reads nothing but the manifest, so it applies to every variant, present and future.
 """
 
 from __future__ import annotations

@@ -86,9 +86,8 @@ def test_a_lora_run_on_a_moe_model_saves_its_final_model(tiny_moe_dir, tmp_path)
 
     from literl.training.api import train
 
-    run_dir = train(load_config(preset="lite_ppo", overrides=_overrides(tiny_moe_dir, tmp_path / "r", "model.lora.rank=4",
-                                                                        "optim.lr=5e-2")),
-                    reward_fns=[length_reward])
+    overrides = _overrides(tiny_moe_dir, tmp_path / "r", "model.lora.rank=4", "optim.lr=5e-2")
+    run_dir = train(load_config(preset="lite_ppo", overrides=overrides), reward_fns=[length_reward])
     merged = AutoModelForCausalLM.from_pretrained(run_dir / "final").eval()
     start = AutoModelForCausalLM.from_pretrained(tiny_moe_dir).eval()
     assert type(merged).__name__ == "Qwen3MoeForCausalLM"
