@@ -13,12 +13,12 @@ The default is `literl.rewards.math_answer:math_accuracy`.
     correct_b = f_1(response_b, example_b) ≥ 0.5          (the FIRST function decides accuracy)
 
 Robustness: a function that raises, returns a non-number (a string is not a number, even "1"; nor is 10**400 or
-1e39, which float32 cannot hold), or runs past `timeout_s` scores 0 for that response; the event is counted in
-the metrics and warned about once per function and kind, and training goes on. All the checks of one `score`
-call (a step's responses) share a budget of `step_timeout_s`: once it is spent, the remaining slow checks are
-not run and score 0 as timeouts, so a collapsed policy repeating hostile answers cannot stall a step for minutes. To bound its time, an ordinary
-function runs in isolated worker processes that are killed at the deadline (`isolation.py`), at ~0.05 ms of
-overhead per call (a TRL-style function scores the batch in one worker call, bounded by `timeout_s` per
+1e39, which float32 cannot hold), or runs past `timeout_s` scores 0 for that response; the event is counted in the
+metrics and warned about once per function and kind, and training goes on. All the checks of one `score` call (a
+step's responses) share a budget of `step_timeout_s`: once it is spent, the remaining slow checks are not run and
+score 0 as timeouts, so a collapsed policy repeating hostile answers cannot stall a step for minutes. To bound its
+time, an ordinary function runs in isolated worker processes that are killed at the deadline (`isolation.py`), at
+~0.05 ms of overhead per call (a TRL-style function scores the batch in one worker call, bounded by `timeout_s` per
 response and by the step's budget). A function that bounds its own time (marked with `@time_bounded`, like
 `math_accuracy`) is called in-process, takes the deadline as keyword `timeout_s`, and costs nothing extra: the
 testbed's integer answers are scored in microseconds.
