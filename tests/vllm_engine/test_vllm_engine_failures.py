@@ -54,20 +54,23 @@ def test_a_stopped_engine_is_killed_at_the_request_deadline(vllm_python, tmp_pat
 
 
 def _engine_pid() -> int:
-    """The pid of this process's vLLM engine (a child running literl.rollout.vllm_server)."""
+    """The pid of the run's vLLM engine: the newest child of this process running literl.rollout.vllm_server (the
+    test session's shared engine is an older one)."""
+    engines = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as stat:
-                parent = int(stat.read().rpartition(") ")[2].split()[1])
+                fields = stat.read().rpartition(") ")[2].split()
             with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
                 command = cmdline.read()
         except (OSError, ValueError, IndexError):
             continue
-        if parent == os.getpid() and b"literl.rollout.vllm_server" in command:
-            return int(entry)
-    raise AssertionError("no vLLM engine process found")
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"literl.rollout.vllm_server" in command:
+            engines.append((int(fields[19]), int(entry)))       # (start time, pid)
+    assert engines, "no vLLM engine process found"
+    return max(engines)[1]
 
 
 @time_bounded
