@@ -64,13 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:     # output piped into `head` and closed early
         return 0
     except Exception as err:
-        # A bad input that a command forgot to catch still gets its message and fix, not a traceback.
+        # A bad input that a command forgot to catch still gets its message and fix, not a traceback; so does a
+        # vLLM engine that died, hung or could not start (its message quotes its log and says what was saved).
         from literl.registry import ConfigError
+        from literl.rollout.vllm_process import VllmEngineError
 
-        if not isinstance(err, ConfigError):
+        if not isinstance(err, (ConfigError, VllmEngineError)):
             raise
         print(f"literl {name}: {err}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(err, ConfigError) else 1
 
 
 if __name__ == "__main__":

@@ -68,6 +68,15 @@ class RunComponents:
     diagnostics: MechanismDiagnostics
     started: float = field(default_factory=time.perf_counter)
     lock: DirectoryLock | None = None       # held from build_components until the run ends (one writer per run)
+    write_record: Callable[[], None] | None = None      # config.yaml and run.json's session, not yet written
+
+    def record_start(self) -> None:
+        """Write config.yaml and this session's entry in run.json, once the run has really started: for a resume,
+        after its checkpoint loaded, so that a resume refused there (an override that does not fit the
+        checkpoint) changes neither and a later plain resume still works."""
+        if self.write_record is not None:
+            self.write_record()
+            self.write_record = None
 
     def finish(self, eval_results: dict, steps: int | None = None) -> None:
         """Write the run's summary and diagnostics, print the before/after table. `steps`: the steps the final
@@ -186,7 +195,7 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     rewards = RewardSet(_reward_specs(cfg, reward_fns), timeout_s=cfg.reward.timeout_s,
-                        step_timeout_s=cfg.reward.step_timeout_s,
+                        step_timeout_s=cfg.reward.step_timeout_s, max_failed_batches=cfg.reward.max_failed_batches,
                         chat_messages=_chat_messages(cfg, tokenizer, template))
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
@@ -210,9 +219,10 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                                         run_dir=run_dir, console=console)
         collector.engine = engine
     evaluator = build_evaluator(cfg, tokenizer=tokenizer)
-    # Written once everything above loaded: a start that fails on a bad path or name leaves no run behind, so
-    # the corrected command starts afresh instead of being told to resume.
-    _write_run_config(run_dir, cfg, inputs, engine)
+    # Written by the trainer once the run has started (RunComponents.record_start): a start that fails on a bad
+    # path or name leaves no run behind, so the corrected command starts afresh instead of being told to resume;
+    # a refused resume leaves config.yaml as it was.
+    run_dir.mkdir(parents=True, exist_ok=True)
     log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(_as_dict(cfg), default=str)),
                      run_name=run_dir.name)
     diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
@@ -225,7 +235,8 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                          tokenizer=tokenizer, reference=reference, engine=engine, learner=learner, objective=objective,
                          collector=collector,
                          optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
-                         diagnostics=diagnostics, lock=lock)
+                         diagnostics=diagnostics, lock=lock,
+                         write_record=lambda: _write_run_config(run_dir, cfg, inputs, engine))
 
 
 def _quiet_hugging_face() -> None:
@@ -278,6 +289,7 @@ def _claim_run_dir(cfg: Config, console: Console) -> tuple[Path, DirectoryLock, 
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path("runs") / f"{cfg.preset or 'custom'}-{stamp}"
+    _refuse_a_folder_that_is_not_a_run(run_dir, cfg)      # before the lock: its file would change the folder
     created = not run_dir.exists()
     lock = DirectoryLock(run_dir).acquire()
     try:
@@ -301,6 +313,26 @@ def _give_up_run_dir(run_dir: Path, lock: DirectoryLock, created: bool) -> None:
             run_dir.rmdir()
         except OSError:
             pass        # something else was written there: keep it
+
+
+# Names that only literl writes into a run directory (train.log: an ablation's console output, written before the
+# run's first start): a folder holding none of them is not a run, whatever else it holds.
+RUN_MARKERS = ("config.yaml", "run.json", "metrics.jsonl", "checkpoints", "summary.json", "final", "train.log")
+
+
+def _refuse_a_folder_that_is_not_a_run(run_dir: Path, cfg: Config) -> None:
+    """A non-empty folder that literl did not write is the user's: training (or "resuming") into it would mix a run
+    into their files, and cleaning a run's leftovers there could delete theirs."""
+    if not run_dir.is_dir() or any((run_dir / name).exists() for name in RUN_MARKERS):
+        return
+    entries = sorted(entry.name for entry in run_dir.iterdir() if entry.name != LOCK_NAME)
+    if entries:
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        why = "trainer.resume=true continues a run that literl wrote there. " if cfg.trainer.resume else ""
+        raise FileExistsError(
+            f"trainer.output_dir={run_dir} is not empty and is not a literl run (it holds {shown}; a run has "
+            f"config.yaml, run.json, metrics.jsonl or checkpoints/). {why}Choose a new or empty "
+            "trainer.output_dir (nothing there was changed).")
 
 
 def _check_run_dir(run_dir: Path, cfg: Config, console: Console) -> None:

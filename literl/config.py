@@ -116,6 +116,9 @@ class VllmConfig:
                                     "a GPU, else file) | file (a safetensors file in /dev/shm, reloaded in place) | "
                                     "ipc (vLLM's CUDA-IPC weight transfer; untested)")
     start_timeout_s: float = knob(600.0, "seconds the engine may take to start before the run stops with its log")
+    call_timeout_s: float = knob(3600.0, "seconds one engine request (a step's generation, an evaluation, a weight "
+                                         "sync) may take: past it the engine counts as hung, is killed, and the run "
+                                         "stops with its log and the last checkpoint, as for a dead engine")
     extra: dict[str, Any] = knob(help="more vllm.LLM(...) keyword arguments, passed as they are "
                                       "(e.g. rollout.vllm.extra={max_num_seqs: 128})", factory=dict)
 
@@ -166,6 +169,9 @@ class RewardConfig:
     step_timeout_s: float = knob(120.0, "wall-clock budget for all reward checks of one step; once spent, the "
                                         "remaining slow checks score 0 and count as timeouts (a collapsed policy "
                                         "repeating hostile answers cannot stall a step for minutes)")
+    max_failed_batches: int = knob(3, "stop the run (after saving the last complete step) when this many scored "
+                                      "batches in a row (one per step, more when dynamic sampling resamples) had "
+                                      "every reward call fail or time out: no signal to learn from; 0: never stop")
 
 
 @dataclass

@@ -60,6 +60,7 @@ def _check_vllm(r) -> None:
     _check(v.max_model_len is None or v.max_model_len >= 2,
            f"rollout.vllm.max_model_len={v.max_model_len} must be >= 2, or null for the model's own")
     _check(v.start_timeout_s > 0, f"rollout.vllm.start_timeout_s={v.start_timeout_s} must be > 0")
+    _check(v.call_timeout_s > 0, f"rollout.vllm.call_timeout_s={v.call_timeout_s} must be > 0")
 
 def _check_finite(node, prefix: str = "") -> None:
     """NaN or ±inf in any setting (optim.lr=inf, rescale.low=nan) would poison every weight: refuse it at load."""
@@ -156,6 +157,7 @@ def validate(cfg: Config) -> None:
     _check(t.replay_max_gib >= 0, f"trainer.replay_max_gib={t.replay_max_gib} must be >= 0 (0 turns replay off)")
     _check(ev.samples >= 1, "eval.samples must be >= 1")
     _check(cfg.reward.timeout_s > 0, "reward.timeout_s must be > 0")
+    _check(cfg.reward.max_failed_batches >= 0, "reward.max_failed_batches must be >= 0 (0: never stop)")
     _check(cfg.reward.step_timeout_s >= cfg.reward.timeout_s,
            f"reward.step_timeout_s={cfg.reward.step_timeout_s} must be >= reward.timeout_s={cfg.reward.timeout_s} "
            "(the step's budget holds at least one full check)")

@@ -28,6 +28,7 @@ hold the adapter only (peft's save_pretrained; `training.checkpoint` restores it
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import torch
 
 ADAPTER = "default"
 ALL_LINEAR = "all-linear"
+SUPPORTED_PEFT = ">=0.20,<0.22"   # pyproject.toml's lora extra: the releases the LoRA tests pass with
 
 
 def lora_enabled(cfg) -> bool:
@@ -49,10 +51,45 @@ def _peft():
     return peft
 
 
+class LoraRankWarning(UserWarning):
+    """model.lora.rank exceeds min(in, out) of some adapted layers: their adapters are larger than they need be."""
+
+
+def check_rank(model: torch.nn.Module, rank: int, targets: list[str]) -> None:
+    """Refuse a rank above min(in, out) of every linear layer the adapters target, and warn when it exceeds some.
+
+    An adapter B·A of rank r ≥ min(in, out) can already express any update of its layer, so a larger rank adds
+    parameters and memory (model.lora.rank=10000 on the testbed, whose layers are at most 128 wide: adapters 122×
+    the model's parameters) and nothing else. Checked before peft builds anything."""
+    out_layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    dims = {name: min(module.in_features, module.out_features) for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not out_layer
+            and (targets == [ALL_LINEAR] or name.rpartition(".")[2] in targets or name in targets)}
+    if not dims:
+        return              # peft names the targets it cannot find
+    largest = max(dims.values())
+    if rank > largest:
+        from literl.registry import ConfigError
+
+        adapters = sum(rank * (m.in_features + m.out_features) for n, m in model.named_modules() if n in dims)
+        ratio = adapters / max(1, sum(p.numel() for p in model.parameters()))
+        raise ConfigError(f"model.lora.rank={rank} exceeds min(in, out) of every layer it adapts (at most {largest}): "
+                          f"an adapter of rank >= min(in, out) can already express any update of its layer, so "
+                          f"this rank only makes the adapters bigger ({ratio:,.0f}x the model's parameters). Use "
+                          f"model.lora.rank <= {largest} (LoRA ranks are usually 8-64)")
+    smaller = sorted({name.rpartition(".")[2]: dim for name, dim in dims.items() if dim < rank}.items())
+    if smaller:
+        warnings.warn(f"model.lora.rank={rank} exceeds min(in, out) of "
+                      + ", ".join(f"{name} ({dim})" for name, dim in smaller)
+                      + ": their adapters can already express any update at that rank, so the rest only adds "
+                        "parameters", LoraRankWarning, stacklevel=3)
+
+
 def apply_lora(model: torch.nn.Module, spec) -> torch.nn.Module:
     """The policy with LoRA adapters of `spec` (rank, alpha, target_modules, dropout); base weights frozen."""
     peft = _peft()
     targets = list(spec.target_modules)
+    check_rank(model, spec.rank, targets)
     config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, bias="none",
                              target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else targets,
                              task_type="CAUSAL_LM")
@@ -90,16 +127,32 @@ def _lora_layers(base: torch.nn.Module):
             yield name, module
 
 
+def _base_name(name: str) -> str:
+    """A module or parameter name of the peft model as the base model spells it (peft nests each adapted module as
+    `<name>.base_layer`, twice where one module carries two adapted parameters)."""
+    return re.sub(r"\.base_layer(?=\.|$)", "", name)
+
+
 @torch.no_grad()
 def merged_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The base model's state dict with every adapted weight merged (W + scale·B·A), under the base model's own
-    parameter names: what an engine with its own copy of the weights loads after each step."""
+    """The base model's state dict with every adapted tensor merged (W + scale·B·A), under the base model's own
+    parameter names: what an engine with its own copy of the weights loads after each step.
+
+    Every adapter kind peft creates: a LoRA module adapts its base layer's `weight`, and a `ParamWrapper` (peft's
+    `target_parameters`: the fused 3-D expert tensors `gate_up_proj` / `down_proj` of a mixture of experts, and its
+    router) adapts the parameter it names; peft's `get_delta_weight` gives ΔW in that parameter's own layout."""
     base = policy.get_base_model()
-    merged = {name.replace(".base_layer.", "."): tensor for name, tensor in base.state_dict().items()
-              if "lora_" not in name}
+    merged = {_base_name(name): tensor for name, tensor in base.state_dict().items() if "lora_" not in name}
     for name, module in _lora_layers(base):
-        weight = module.get_base_layer().weight
-        merged[f"{name}.weight"] = weight + module.get_delta_weight(ADAPTER).to(weight.dtype)
+        key = f"{_base_name(name)}.{getattr(module, 'parameter_name', 'weight')}"
+        delta = module.get_delta_weight(ADAPTER)
+        if key not in merged or merged[key].shape != delta.shape:
+            raise RuntimeError(
+                f"cannot merge the LoRA adapter of {name} ({type(module).__name__} of peft {_peft().__version__}): "
+                f"its update has shape {tuple(delta.shape)}, the base model's {key} "
+                f"{tuple(merged[key].shape) if key in merged else 'does not exist'}. literl merges the adapters "
+                f"peft {SUPPORTED_PEFT} creates; name other modules in model.lora.target_modules")
+        merged[key] = merged[key] + delta.to(merged[key].dtype)
     return merged
 
 

@@ -176,7 +176,7 @@ def curves_figure(records: Sequence[RunRecord], panels: Sequence[Panel], variant
                  layout="constrained")
     if len(scenarios) > 1:
         for sub, scenario in zip(fig.subfigures(1, columns, squeeze=False)[0], scenarios):
-            sub.suptitle(scenario, fontsize=FONT_PT["title"], fontweight="bold")
+            sub.suptitle(plain_text(scenario), fontsize=FONT_PT["title"], fontweight="bold")
             for row, (ax, panel) in enumerate(zip(sub.subplots(rows, 1, squeeze=False)[:, 0], drawn)):
                 _draw_panel(ax, records, panel, scenario, variants, styles, panel in sparse,
                             ylabel=scenario == scenarios[0], xlabel=row == rows - 1)
@@ -246,8 +246,14 @@ def _draw_points(ax, curves, style: Style) -> None:
 def _legend(fig, variants: Sequence[str], styles: dict[str, Style]) -> None:
     handles = [Line2D([], [], color=styles[v].color, linestyle=styles[v].linestyle, marker=styles[v].marker,
                       linewidth=1.5, markersize=4) for v in variants]
-    fig.legend(handles, list(variants), loc="outside upper center", ncol=min(len(variants), 4),
+    fig.legend(handles, [plain_text(v) for v in variants], loc="outside upper center", ncol=min(len(variants), 4),
                fontsize=FONT_PT["legend"], frameon=False)
+
+
+def plain_text(label: str) -> str:
+    """A run or variant name as matplotlib draws it literally: two `$` would start mathtext (and a label like
+    `cost $5 vs $6` then fails to parse)."""
+    return label.replace("$", r"\$")
 
 
 def variant_styles(variants: Sequence[str]) -> dict[str, Style]:

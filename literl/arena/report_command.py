@@ -51,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         report = Path(args.out) if args.out else (dirs[0] / "report.html" if len(dirs) == 1 else Path("report.html"))
         print_summary(report_runs(dirs, report, metric=args.metric, export_dir=args.export), console)
-    console.print(f"report: {report}", highlight=False)
+    console.print(f"report: {report}", highlight=False, markup=False)
     if args.export:
         files = sorted(p.name for p in Path(args.export).iterdir() if p.is_file())
-        console.print(f"exported to {args.export}: {', '.join(files)}", highlight=False)
+        console.print(f"exported to {args.export}: {', '.join(files)}", highlight=False, markup=False)
     return 0
 
 

@@ -174,25 +174,26 @@ VERDICT_STYLE = {stats.HELPS: "green", stats.HURTS: "red", stats.NO_DIFFERENCE: 
 def print_summary(summary: dict, console=None) -> None:
     """The cells table (mean ± 95% CI over seeds) and the comparisons table (paired Δ, bootstrap CI, verdict)."""
     from rich.console import Console
+    from rich.markup import escape        # labels are run and variant names: text, not markup
     from rich.table import Table
 
     console = console or Console()
-    metric = summary["metric"]
-    cells = Table(title=f"{summary['name'] or 'runs'}: {metric}, mean ± 95% CI over seeds")
+    metric = escape(summary["metric"])
+    cells = Table(title=f"{escape(summary['name'] or 'runs')}: {metric}, mean ± 95% CI over seeds")
     for column in ("variant", "scenario", "n", "final", "best", "AUC"):
         cells.add_column(column, justify="left" if column in ("variant", "scenario") else "right")
     for cell in summary["cells"]:
-        cells.add_row(cell["variant"], cell["scenario"], str(cell["n"]),
+        cells.add_row(escape(cell["variant"]), escape(cell["scenario"]), str(cell["n"]),
                       *(format_cell(cell[s]) for s in stats.SCORES))
     console.print(cells)
     if summary["comparisons"]:
-        table = Table(title=f"paired difference vs baseline '{summary['baseline']}' "
+        table = Table(title=f"paired difference vs baseline '{escape(summary['baseline'])}' "
                             f"(mean Δ [95% bootstrap CI], verdict; minimum detectable effect at α 0.05, power "
                             f"80%, seeds needed to detect the observed Δ)")
         for column in ("variant", "scenario", "pairs", "Δ final", "Δ best", "Δ AUC"):
             table.add_column(column, justify="left" if column in ("variant", "scenario") else "right")
         for comp in summary["comparisons"]:
-            table.add_row(comp["variant"], comp["scenario"], str(comp["final"]["n_pairs"]),
+            table.add_row(escape(comp["variant"]), escape(comp["scenario"]), str(comp["final"]["n_pairs"]),
                           *(f"{_fmt_diff(comp[s])}\n[{VERDICT_STYLE[comp[s]['verdict']]}]{comp[s]['verdict']}[/]"
                             f"\n[dim]{format_detectable(comp[s])}[/]" for s in stats.SCORES))
         console.print(table)
@@ -201,5 +202,5 @@ def print_summary(summary: dict, console=None) -> None:
         console.print(f"[yellow]{len(missing)} of {summary['runs']['expected']} runs missing from these "
                       f"statistics:[/]")
         for item in missing:
-            console.print(f"  {item['variant']}/{item['scenario']}/seed_{item['seed']}: {item['reason']}",
+            console.print(escape(f"  {item['variant']}/{item['scenario']}/seed_{item['seed']}: {item['reason']}"),
                           highlight=False)

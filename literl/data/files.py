@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 ROW_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+BOM = "\ufeff"      # a UTF-8 byte order mark, read as the text's first character
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a `.jsonl` (one object per line), `.json` (a list of objects) or `.parquet` file."""
+    """Rows of a `.jsonl` (one object per line), `.json` (a list of objects) or `.parquet` file; a text file may
+    start with a UTF-8 byte order mark."""
     path = Path(path)
     if not path.is_file():
         hint = " (it is a directory)" if path.is_dir() else ""
@@ -42,6 +44,8 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             line = _decode(raw, path, number)
+            if number == 1:
+                line = line.removeprefix(BOM)       # editors on Windows save UTF-8 with a byte order mark
             if not line.strip():
                 continue
             try:
@@ -72,7 +76,7 @@ def _read_json_list(path: Path) -> list[dict[str, Any]]:
         raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as "
                          "UTF-8") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text.removeprefix(BOM))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
     if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):

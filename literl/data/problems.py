@@ -5,10 +5,12 @@
     load_problems("hkust-nlp/SimpleRL-Zoo-Data", split="train") # a hub dataset (needs the network)
 
 Every record becomes a dict `{"id": str, "problem": str, "answer": str, ...the row's other fields}`. The
-field names read are configurable (`problem_field`, `answer_field`, `id_field`); when the id field is
+field names read are configurable (`problem_field`, `answer_field`, `id_field`); other columns that happen to be
+named `id`, `problem` or `answer` are dropped, never put in their place. When the id field is
 absent from the data the row number is the id. A non-string answer is converted (27.0 → "27", a one-element
-list → its element). A row whose answer is missing or empty is skipped and reported: one `DataWarning`
-naming the count and the ids, and `ProblemSet.skipped_ids`. It is never silently used.
+list → its element). A row whose answer is missing, empty or not a value (true/false, NaN, an object) is skipped
+and reported: one `DataWarning` naming the count and the ids, and `ProblemSet.skipped_ids`. It is never silently
+used.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from typing import Any, Iterator, Sequence
 
 from literl.data.benchmarks import benchmark_names, get_benchmark
 from literl.data.files import ROW_FILE_SUFFIXES, read_rows
+from literl.terminal_text import printable
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+NORMALISED = ("id", "problem", "answer")      # the keys every record has
+FIELD_OPTION = "{role}_field=<one of them>"    # how a field is named in Python; commands pass their own option
 
 
 class DataWarning(UserWarning):
@@ -56,15 +61,18 @@ class ProblemSet(Sequence[dict]):
 
 def load_problems(source: str | Path, *, data_dir: str | Path | None = None, split: str | None = None,
                   problem_field: str = "problem", answer_field: str = "answer", id_field: str = "id",
-                  limit: int | None = None, name: str | None = None) -> ProblemSet:
+                  limit: int | None = None, name: str | None = None,
+                  field_option: str = FIELD_OPTION) -> ProblemSet:
     """Load and normalise a problem set. `source`: a file path, a benchmark name or a hub dataset id.
 
-    `split` applies to hub datasets (default "train"). `limit` keeps the first N usable problems.
+    `split` applies to hub datasets (default "train"). `limit` keeps the first N usable problems. `field_option`
+    is how the caller's command names a field (`{role}` is problem or answer), for the missing-field message:
+    `literl train` takes `data.answer_field=...`, `literl eval` takes `--answer-field ...`.
     """
     source_text = str(source)
     rows, resolved_name, origin = _read_source(source_text, data_dir=data_dir, split=split)
     records, skipped = normalize_records(rows, origin=origin, problem_field=problem_field,
-                                         answer_field=answer_field, id_field=id_field)
+                                         answer_field=answer_field, id_field=id_field, field_option=field_option)
     if limit is not None:
         if limit < 0:
             raise ValueError(f"limit must be >= 0 (got {limit})")
@@ -106,7 +114,7 @@ def _read_hub_dataset(dataset_id: str, split: str) -> list[dict]:
 
 
 def normalize_records(rows: Sequence[dict], *, origin: str = "problem set", problem_field: str = "problem",
-                      answer_field: str = "answer", id_field: str = "id"
+                      answer_field: str = "answer", id_field: str = "id", field_option: str = FIELD_OPTION
                       ) -> tuple[list[dict[str, Any]], list[str]]:
     """Records `{"id", "problem", "answer", ...}` and the ids of rows skipped for a missing answer."""
     if not rows:
@@ -115,7 +123,7 @@ def normalize_records(rows: Sequence[dict], *, origin: str = "problem set", prob
     for role, name in (("problem", problem_field), ("answer", answer_field)):
         if not any(name in row for row in rows):
             raise MissingFieldError(f"{origin} has no {role} field {name!r}; its fields are: {', '.join(present)}. "
-                            f"Pass {role}_field=<one of them> (--{role}-field, data.{role}_field)")
+                                    f"Name the one to use: {field_option.format(role=role)}")
     has_ids = any(id_field in row for row in rows)
     records, skipped = [], []
     for index, row in enumerate(rows):
@@ -127,23 +135,27 @@ def normalize_records(rows: Sequence[dict], *, origin: str = "problem set", prob
         problem = row.get(problem_field)
         if not isinstance(problem, str) or not problem.strip():
             raise ValueError(f"{origin}, row {row_id}: the problem field {problem_field!r} is empty or not text")
-        others = {k: v for k, v in row.items() if k not in (problem_field, answer_field, id_field)}
+        # The named fields win: a column that happens to be called `problem`, `answer` or `id` (Hugging Face sets
+        # often carry several answer columns) must not overwrite the one the user chose.
+        others = {k: v for k, v in row.items() if k not in (problem_field, answer_field, id_field, *NORMALISED)}
         records.append({"id": row_id, "problem": problem, "answer": answer, **others})
     if skipped:
-        shown = ", ".join(skipped[:20]) + (", ..." if len(skipped) > 20 else "")
-        warnings.warn(f"{origin}: skipped {len(skipped)} of {len(rows)} rows with a missing or empty answer "
-                      f"(field {answer_field!r}); ids: {shown}", DataWarning, stacklevel=3)
+        shown = printable(", ".join(skipped[:20]) + (", ..." if len(skipped) > 20 else ""))
+        warnings.warn(f"{origin}: skipped {len(skipped)} of {len(rows)} rows with a missing, empty or unusable "
+                      f"answer (field {answer_field!r}; true/false, NaN and objects are not answers); ids: {shown}",
+                      DataWarning, stacklevel=3)
     return records, skipped
 
 
 def answer_text(value: Any) -> str:
-    """A gold answer as a string; "" when there is none. 27.0 → "27", 1e-05 → "0.00001"; a one-element list →
-    its element."""
-    if value is None or isinstance(value, bool):
-        return "" if value is None else str(value)
+    """A gold answer as a string; "" when there is none, or none that a response could be checked against (true /
+    false, NaN or ±inf, an object): such rows are skipped and reported like empty ones, never trained on as the
+    gold "True", "nan" or "{'v': 32}". 27.0 → "27", 1e-05 → "0.00001"; a one-element list → its element."""
+    if value is None or isinstance(value, (bool, dict)):
+        return ""
     if isinstance(value, float):
         if not math.isfinite(value):
-            return repr(value)
+            return ""
         # Positional, as answers are written: repr's `1e-05` is Python's spelling, which Math-Verify reads with
         # Euler's e. repr's shortest digits, because the binary value's are noise (int(1e300) is 1000...0525...).
         text = format(Decimal(repr(value)), "f")

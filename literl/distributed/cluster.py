@@ -11,13 +11,20 @@ import math
 import os
 import signal
 import socket
+import warnings
 from typing import Any
+
+from literl.provenance import available_cpus
 
 INSTALL = "pip install 'literl[ray]'"
 
 
 class ClusterError(RuntimeError):
     """A cluster that cannot be used (Ray missing, an unreachable address) or a part of it that died."""
+
+
+class ClusterWarning(UserWarning):
+    """A local cluster asks for more CPUs than this machine lets the run use."""
 
 
 def import_ray():
@@ -41,6 +48,7 @@ def connect(cluster, *, threads: int | None = None):
     wanted = (cluster.trainer_ranks + cluster.rollout_workers) * cluster.cpus_per_worker
     options: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     if address == "local":
+        _warn_if_oversubscribed(cluster, wanted)
         # The cluster's processes start with SIGINT ignored: Ctrl-C in a terminal reaches the whole foreground
         # process group, and the run must keep its cluster while it finishes the step and saves; the driver's
         # exit then shuts the cluster down (ray.shutdown), its actors with it.
@@ -60,6 +68,21 @@ def connect(cluster, *, threads: int | None = None):
                                f"machine") from err
     atexit.register(_shutdown, ray)
     return ray
+
+
+def _warn_if_oversubscribed(cluster, wanted: float) -> None:
+    """Each trainer rank and rollout worker is a process of its own (besides Ray's): a local cluster asking for far
+    more CPUs than the machine has shares its cores among them all, and a probe's 64 ranks + 64 workers on 2 cores
+    started 88+ processes and finished no step in 200 s, without a word."""
+    cpus = available_cpus()
+    if wanted <= cpus:
+        return
+    warnings.warn(
+        f"cluster.address=local: {cluster.trainer_ranks} trainer ranks + {cluster.rollout_workers} rollout workers "
+        f"at cluster.cpus_per_worker={cluster.cpus_per_worker:g} want {wanted:g} CPUs, and this machine lets the "
+        f"run use {cpus} CPUs. Every rank and worker is a process: they will share the cores and each step will be "
+        f"far slower than with fewer. Lower cluster.trainer_ranks and cluster.rollout_workers to fit the machine, "
+        f"or give cluster.address of a larger Ray cluster", ClusterWarning, stacklevel=3)
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

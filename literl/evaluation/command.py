@@ -136,7 +136,8 @@ def load_problem_sets(sources: str, args: argparse.Namespace) -> list:
     if not names:
         raise ValueError("no problem set given; pass e.g. --benchmarks math500,aime24")
     sets = [load_problems(name, data_dir=args.data_dir, limit=args.limit, problem_field=args.problem_field,
-                          answer_field=args.answer_field, id_field=args.id_field) for name in names]
+                          answer_field=args.answer_field, id_field=args.id_field,
+                          field_option="--{role}-field <one of them>") for name in names]
     seen = [s.name for s in sets]
     repeated = sorted({n for n in seen if seen.count(n) > 1})
     if repeated:

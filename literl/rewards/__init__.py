@@ -10,6 +10,7 @@ import importlib
 # loading `functions` (and so torch) there would double its start-up time for nothing.
 _EXPORTS = {
     "DEFAULT_REWARD_FN": "functions", "RewardSet": "functions", "RewardWarning": "functions",
+    "RewardsFailing": "functions",
     "load_reward_fn": "functions", "time_bounded": "isolation",
     "extract_final_answer": "math_answer", "is_equivalent": "math_answer", "math_accuracy": "math_answer",
     "math_reward": "math_answer", "normalize_answer_text": "math_answer",

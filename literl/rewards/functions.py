@@ -12,19 +12,22 @@ The default is `literl.rewards.math_answer:math_accuracy`.
     score_b   = Σ_i w_i · f_i(response_b, example_b)
     correct_b = f_1(response_b, example_b) ≥ 0.5          (the FIRST function decides accuracy)
 
-Robustness: a function that raises, returns a non-number (a string is not a number, even "1"), or runs past
-`timeout_s` scores 0 for that response; the event is counted in the metrics and warned about once per function
-and kind, and training goes on. All the checks of one `score` call (a step's responses) share a budget of
-`step_timeout_s`: once it is spent, the remaining slow checks are not run and score 0 as timeouts, so a
-collapsed policy repeating hostile answers cannot stall a step for minutes. To bound its time, an ordinary
-function runs in isolated worker processes that are killed at the deadline (`isolation.py`), at ~0.05 ms of
-overhead per call (a TRL-style function scores the batch in one worker call, bounded by `timeout_s` per
+Robustness: a function that raises, returns a non-number (a string is not a number, even "1"; nor is 10**400 or
+1e39, which float32 cannot hold), or runs past `timeout_s` scores 0 for that response; the event is counted in the
+metrics and warned about once per function and kind, and training goes on. All the checks of one `score` call (a
+step's responses) share a budget of `step_timeout_s`: once it is spent, the remaining slow checks are not run and
+score 0 as timeouts, so a collapsed policy repeating hostile answers cannot stall a step for minutes. To bound its
+time, an ordinary function runs in isolated worker processes that are killed at the deadline (`isolation.py`), at
+~0.05 ms of overhead per call (a TRL-style function scores the batch in one worker call, bounded by `timeout_s` per
 response and by the step's budget). A function that bounds its own time (marked with `@time_bounded`, like
 `math_accuracy`) is called in-process, takes the deadline as keyword `timeout_s`, and costs nothing extra: the
 testbed's integer answers are scored in microseconds.
 
 Metrics per function `<name>` (the function's name): `reward/<name>/mean`, `reward/<name>/timeouts`,
 `reward/<name>/errors` (counts in this batch).
+
+A reward that cannot work at all (every call of every function failing or timing out, `max_failed_batches`
+scored batches in a row: `reward.max_failed_batches`) raises `RewardsFailing` rather than train on zeros.
 """
 
 from __future__ import annotations
@@ -41,14 +44,20 @@ import torch
 from literl.rewards.conventions import (call_literl, call_trl, call_verl, check_trl_columns, detect_convention,
                                        trl_columns)
 from literl.rewards.isolation import CallOutcome, IsolatedRunner, resolve_function
+from literl.terminal_text import printable
 
 DEFAULT_REWARD_FN = "literl.rewards.math_answer:math_accuracy"
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 _WORKER_CALLS = {"verl": "literl.rewards.conventions:call_verl_by_path",
                  "trl": "literl.rewards.conventions:call_trl_by_path"}
 
 
 class RewardWarning(UserWarning):
     """A reward function failed or timed out on some responses (they scored 0)."""
+
+
+class RewardsFailing(RuntimeError):
+    """Batch after batch, every reward call failed or timed out: training would go on without any signal."""
 
 
 def load_reward_fn(path: str, convention: str = "auto") -> Callable:
@@ -82,7 +91,8 @@ class RewardSet:
     """
 
     def __init__(self, fns: Sequence[tuple], *, timeout_s: float = 5.0, n_workers: int | None = None,
-                 step_timeout_s: float | None = None, chat_messages: Callable[[dict], list[dict]] | None = None):
+                 step_timeout_s: float | None = None, chat_messages: Callable[[dict], list[dict]] | None = None,
+                 max_failed_batches: int = 0):
         if not fns:
             raise ValueError(f"RewardSet needs at least one (function path, weight) pair, e.g. "
                              f"[({DEFAULT_REWARD_FN!r}, 1.0)]")
@@ -102,6 +112,10 @@ class RewardSet:
         self.n_workers = n_workers or min(2, os.cpu_count() or 1)
         self._runner: IsolatedRunner | None = None
         self._warned: set[tuple[str, str]] = set()
+        if max_failed_batches < 0:
+            raise ValueError(f"max_failed_batches must be >= 0 (0: never stop; got {max_failed_batches})")
+        self.max_failed_batches = max_failed_batches
+        self._failed_in_a_row = 0
 
     @staticmethod
     def _entry(fn_or_path: str | Callable, weight: float, convention: str = "auto") -> _Entry:
@@ -133,8 +147,10 @@ class RewardSet:
         correct_B = torch.zeros(len(responses), dtype=torch.bool)
         metrics: dict[str, float] = {}
         deadline = time.monotonic() + self.step_timeout_s if self.step_timeout_s else math.inf
+        usable = False
         for position, entry in enumerate(self.entries):
             values, timeouts, errors = self._values(entry, responses, examples, deadline)
+            usable = usable or timeouts + errors < len(values)
             values_B = torch.tensor(values, dtype=torch.float32)
             scores_B += entry.weight * values_B
             if position == 0:
@@ -142,8 +158,22 @@ class RewardSet:
             metrics[f"reward/{entry.name}/mean"] = float(values_B.mean()) if len(values) else 0.0
             metrics[f"reward/{entry.name}/timeouts"] = float(timeouts)
             metrics[f"reward/{entry.name}/errors"] = float(errors)
+        self._count_failed_batch(failed=bool(responses) and not usable)
         return scores_B, correct_B, metrics
 
+    def _count_failed_batch(self, *, failed: bool) -> None:
+        """Stop after `max_failed_batches` scored batches in a row without one usable reward: a reward that cannot
+        work (a judge that never answers, a function that always raises) would otherwise cost every step its
+        checking budget, for zero signal, forever."""
+        self._failed_in_a_row = self._failed_in_a_row + 1 if failed else 0
+        limit = self.max_failed_batches
+        if limit and self._failed_in_a_row >= limit:
+            names = ", ".join(e.path for e in self.entries)
+            raise RewardsFailing(
+                f"{self._failed_in_a_row} scored batches in a row in which every reward call failed or timed out "
+                f"({names}; the warnings above show the first case of each), so training had no signal: stopping "
+                f"(reward.max_failed_batches={limit}). Fix the reward function (or the service it calls), or raise "
+                "reward.timeout_s / reward.step_timeout_s if the checks are just slow")
     def _values(self, entry: _Entry, responses: Sequence[str], examples: Sequence[dict], deadline: float
                 ) -> tuple[list[float], int, int]:
         if entry.convention == "trl":
@@ -233,8 +263,9 @@ class RewardSet:
             return
         self._warned.add((entry.name, kind))
         what = "ran past its time limit" if kind == "timeout" else "failed"
+        # The detail can quote the response (a parse error), so a model's output could drive the terminal.
         warnings.warn(f"reward function {entry.path} {what} on a response, which scored 0 "
-                      f"(first case: {detail}). Further cases are counted in reward/{entry.name}/{kind}s "
+                      f"(first case: {printable(detail)}). Further cases are counted in reward/{entry.name}/{kind}s "
                       "without more warnings.", RewardWarning, stacklevel=4)
 
     def close(self) -> None:
@@ -256,16 +287,27 @@ def importable_path(fn: Callable) -> str | None:
 
 
 def _as_reward(outcome: CallOutcome) -> tuple[float, str | None]:
-    """(value, None) for a finite number; (0.0, reason) for anything else."""
+    """(value, None) for a number that float32 holds finite (rewards become a float32 tensor); (0.0, reason) for
+    anything else, whatever converting it raises (10**400: OverflowError; a __float__ that fails)."""
     if outcome.status != "ok":
         return 0.0, outcome.error
     value: Any = outcome.value
     if isinstance(value, (str, bytes)):     # float("1") would pass: an answer string is not a reward
-        return 0.0, f"returned {type(value).__name__} {value!r:.80}, not a number"
+        return 0.0, f"returned {type(value).__name__} {_shown(value)}, not a number"
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        return 0.0, f"returned {type(value).__name__} {value!r:.80}, not a number"
+    except Exception as exc:  # noqa: BLE001 - a user's object may raise anything from __float__
+        return 0.0, f"returned {type(value).__name__} {_shown(value)}, not a number ({type(exc).__name__}: {exc})"
     if not math.isfinite(number):
         return 0.0, f"returned {number}"
+    if abs(number) > FLOAT32_MAX:
+        return 0.0, f"returned {number:g}, beyond float32's range (±{FLOAT32_MAX:.4g}), where rewards are kept"
     return number, None
+
+
+def _shown(value: Any) -> str:
+    """The start of a value's repr, for a message; a repr that raises is not the caller's problem."""
+    try:
+        return f"{value!r:.80}"
+    except Exception:  # noqa: BLE001
+        return "(unprintable)"

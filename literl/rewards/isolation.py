@@ -242,6 +242,10 @@ class IsolatedRunner:
             code = worker.process.poll()
             self._replace(worker)
             return CallOutcome("error", error=f"the worker process died (exit code {code})")
+        except Exception as exc:  # noqa: BLE001 - unpickling a user's object runs its code (e.g. an exception's
+            # __init__ with other arguments); the whole message was read, so the worker can go on serving
+            return CallOutcome("error", error=f"its result could not be read back in the trainer's process "
+                                              f"({type(exc).__name__}: {exc})")
         if status == "ok":
             return CallOutcome("ok", value=payload)
         return CallOutcome("error", error=payload)

@@ -18,6 +18,7 @@ its RNG streams and its own transformers. Per call:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -30,7 +31,8 @@ import torch
 from literl.lora import is_lora, merged_state_dict, save_merged
 from literl.model.moe import ROLLOUT_ROUTES
 from literl.rollout.generator import Generation, SamplingParams, check_prompts
-from literl.rollout.vllm_process import EngineProcess, VllmEngineError, engine_python
+from literl.rollout.vllm_process import (DEFAULT_CALL_TIMEOUT_S, EngineProcess, EngineSetupError, VllmEngineError,
+                                         engine_python)
 from literl.rollout.vllm_server import PROTOCOL
 
 ROUTES_KEY = ROLLOUT_ROUTES      # "rollout_routes_BLNK", what algorithm.routing_replay=r3 replays
@@ -59,7 +61,7 @@ class VllmEngine:
                  tensor_parallel_size: int = 1, enforce_eager: bool = True, max_model_len: int | None = None,
                  extra_args: dict[str, Any] | None = None, weight_sync: str = "auto", return_routes: bool = False,
                  log_path: str | None = None, start_timeout_s: float = 600.0, threads: int | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S):
         self.eos_token_ids = sorted(set(int(t) for t in eos_token_ids))
         if not self.eos_token_ids:
             raise ValueError("VllmEngine needs at least one EOS token id to know when a response ends")
@@ -103,13 +105,14 @@ class VllmEngine:
             raise
         start = time.perf_counter()
         self.process = EngineProcess(python, model_dir=model_dir, llm_kwargs=llm_kwargs, work_dir=self.work_dir,
-                                     log_path=log_path, start_timeout_s=start_timeout_s, env=_engine_env(env, threads, enforce_eager))
+                                     log_path=log_path, start_timeout_s=start_timeout_s, call_timeout_s=call_timeout_s,
+                                     env=_engine_env(env, threads, enforce_eager))
         self.start_seconds = time.perf_counter() - start
         if self.process.info.get("protocol") != PROTOCOL:
             self.close()
-            raise VllmEngineError(f"the engine environment runs another literl version (protocol "
-                                  f"{self.process.info.get('protocol')}, expected {PROTOCOL}); re-create it with "
-                                  "`./run.sh vllm-setup`")
+            raise EngineSetupError(f"the engine environment runs another literl version (protocol "
+                                   f"{self.process.info.get('protocol')}, expected {PROTOCOL}); re-create it with "
+                                   "`./run.sh vllm-setup`")
         # The engine holds its own copy now; the folder keeps only the config (and each sync's file briefly).
         for name in os.listdir(model_dir):
             if name.endswith(".safetensors"):
@@ -209,7 +212,10 @@ class VllmEngine:
         try:
             engine = self.process.call("load_weights", {"path": path})
         finally:
-            os.remove(path)
+            # A failed call has stopped the engine and removed its folder, the file with it: its error is the one
+            # to report, not a missing file.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
         return sum(t.numel() * t.element_size() for t in converted.values()), engine
 
     def _sync_ipc(self, tensors: dict[str, torch.Tensor]) -> tuple[int, dict]:
@@ -244,8 +250,9 @@ def engine_from_config(cfg, policy: torch.nn.Module, *, eos_token_ids: Sequence[
                             kv_cache_gib=v.kv_cache_gib, tensor_parallel_size=v.tensor_parallel_size,
                             enforce_eager=v.enforce_eager, max_model_len=v.max_model_len, extra_args=dict(v.extra),
                             weight_sync=v.weight_sync, return_routes=cfg.algorithm.routing_replay == "r3",
-                            start_timeout_s=v.start_timeout_s, threads=cfg.trainer.threads)
-    except (ValueError, TypeError) as error:     # refused before starting: the model or the settings
+                            start_timeout_s=v.start_timeout_s, call_timeout_s=v.call_timeout_s,
+                            threads=cfg.trainer.threads)
+    except (ValueError, TypeError, EngineSetupError) as error:  # refused before starting: model, settings, setup
         raise ConfigError(f"rollout.engine=vllm: {error}") from error
     if console is not None:
         console.note(f"vLLM {engine.process.info.get('vllm_version', '?')} engine ready in {engine.start_seconds:.0f} s "
@@ -346,4 +353,5 @@ def _engine_env(extra: dict[str, str] | None, threads: int | None, eager: bool) 
     return env
 
 
-__all__ = ["VllmEngine", "VllmEngineError", "ROUTES_KEY", "assemble_generation", "engine_from_config"]
+__all__ = ["VllmEngine", "VllmEngineError", "EngineSetupError", "ROUTES_KEY", "assemble_generation",
+           "engine_from_config"]

@@ -18,17 +18,26 @@ building it (seconds instead of ~5 minutes); the copy's manifest says so (`insta
 the recipe hash, so an edited recipe never picks up stale shipped weights: it builds. `prebuilt=False` (config
 `model.testbed_prebuilt=false`) builds locally; with the build's torch and thread count the weights are
 bitwise identical to the shipped ones (tests/testbed/test_prebuilt.py).
+
+Integrity: a folder's manifest records the sha256 of each of its files (`files`; written when it is built or
+installed). Every use checks them (a few ms for the base testbed) before the folder is handed out: a changed,
+truncated or missing file (a disk error, a half copy, an edit) makes the folder *damaged*, and it is reinstalled
+from the shipped copy or rebuilt, with a `TestbedCacheWarning` naming it and the file. A folder cached by an
+earlier literl, whose manifest has no `files`, is checked against the shipped manifest it was installed from. The
+check reads nothing but the manifest, so it applies to every variant, present and future.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -46,6 +55,12 @@ class TestbedCacheError(OSError):
     __test__ = False   # not a pytest test class despite the name
 
 
+class TestbedCacheWarning(UserWarning):
+    """A cached testbed folder was damaged and is being reinstalled or rebuilt; the message names it."""
+
+    __test__ = False
+
+
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """The folder that holds `testbeds/` (not created here)."""
     if cache_dir is not None:
@@ -60,6 +75,55 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 def is_built(folder: Path) -> bool:
     """A folder counts as built once its manifest exists (it is written last, before the rename)."""
     return (folder / MANIFEST_NAME).is_file()
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file of a testbed folder but its manifest (what the manifest's `files` records)."""
+    return {item.name: _sha256(item) for item in sorted(Path(folder).iterdir())
+            if item.is_file() and item.name != MANIFEST_NAME}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def damage(folder: Path) -> str | None:
+    """Why a built folder cannot be used as it is (a file missing or not the one its manifest recorded), or None.
+
+    The expected hashes are the folder's manifest's `files`, else (a folder installed by an earlier literl) those
+    of the shipped folder it was installed from; a folder with neither is trusted as it is."""
+    try:
+        manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        expected = manifest.get("files") if isinstance(manifest, dict) else None
+    except (OSError, ValueError) as err:
+        return f"its {MANIFEST_NAME} cannot be read ({type(err).__name__})"
+    if expected is None and isinstance(manifest, dict) and manifest.get("installed_from"):
+        expected = _shipped_hashes(folder.name)
+    for name, sha in sorted((expected or {}).items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if _sha256(path) != sha:
+            return f"{name} does not match the sha256 its manifest recorded ({path.stat().st_size:,} bytes)"
+    return None
+
+
+def _shipped_hashes(name: str) -> dict[str, str] | None:
+    try:
+        return json.loads((PREBUILT_DIR / name / MANIFEST_NAME).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _record_hashes(folder: Path) -> None:
+    """Add the folder's file hashes to its manifest (before the folder is renamed into place)."""
+    manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+    manifest["files"] = file_hashes(folder)
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 @contextlib.contextmanager
@@ -134,6 +198,7 @@ def _build_into_place(recipe: TestbedRecipe, target: Path, *, progress: bool,
                       base_dir: Path | None) -> None:
     with _staged(target) as staging, BuildProgress(target.name, enabled=progress) as reporter:
         build_testbed(recipe, staging, progress=reporter, base_dir=base_dir)
+        _record_hashes(staging)
 
 
 def prebuilt_folder(recipe: TestbedRecipe) -> Path | None:
@@ -149,8 +214,14 @@ def _install_prebuilt(shipped: Path, target: Path, *, progress: bool) -> None:
             if item.is_file() and item.name != MANIFEST_NAME:
                 shutil.copyfile(item, staging / item.name)
         manifest = json.loads((shipped / MANIFEST_NAME).read_text())
+        manifest.setdefault("files", file_hashes(staging))
         manifest["installed_from"] = "prebuilt: shipped with literl (literl/testbed/prebuilt/), not built here"
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        problem = damage(staging)
+        if problem:         # the clone's own copy is damaged: do not install it
+            raise TestbedCacheError(f"the testbed shipped in {shipped} is damaged: {problem}. Restore it (e.g. "
+                                    "git checkout literl/testbed/prebuilt), or build it with "
+                                    "model.testbed_prebuilt=false")
     if progress:
         print(f"literl: testbed {target.name}: installed the weights shipped with literl (built by this recipe; "
               "model.testbed_prebuilt=false builds it here instead, about 5 min)", file=sys.stderr, flush=True)
@@ -168,9 +239,17 @@ def ensure_testbed(variant: str | TestbedRecipe = "base", *, cache_dir: str | os
     recipe = recipe_for(variant) if isinstance(variant, str) else variant
     root = cache_root(cache_dir)
     target = root / "testbeds" / recipe.folder_name()
-    if is_built(target):
+    problem = damage(target) if is_built(target) else None
+    if is_built(target) and problem is None:
         return target
-    folder = _writable_testbeds_folder(root)
+    try:
+        folder = _writable_testbeds_folder(root)
+    except TestbedCacheError as err:
+        if problem is None:
+            raise
+        raise TestbedCacheError(f"the cached testbed {target} is damaged ({problem}) and cannot be repaired here: "
+                                f"{err}. Delete that folder (the next use reinstalls or rebuilds it), or set "
+                                "LITERL_CACHE_DIR to a writable folder") from None
     base_dir = None
     if recipe.alignment is not None:
         base_dir = ensure_testbed(recipe.base_recipe(), cache_dir=root, progress=progress, prebuilt=prebuilt)
@@ -182,8 +261,16 @@ def ensure_testbed(variant: str | TestbedRecipe = "base", *, cache_dir: str | os
                   file=sys.stderr, flush=True)
 
     with exclusive_lock(folder / f"{target.name}.lock", on_wait=announce_wait):
-        if not is_built(target) and shipped is not None:   # (another process may have made it while we waited)
+        # (another process may have made or repaired it while we waited)
+        problem = damage(target) if is_built(target) else None
+        if is_built(target) and problem is None:
+            return target
+        if problem is not None:
+            repair = "reinstalling the shipped copy" if shipped is not None else "rebuilding it"
+            warnings.warn(f"the cached testbed {target} is damaged ({problem}): {repair}", TestbedCacheWarning,
+                          stacklevel=2)
+        if shipped is not None:
             _install_prebuilt(shipped, target, progress=progress)
-        elif not is_built(target):
+        else:
             _build_into_place(recipe, target, progress=progress, base_dir=base_dir)
     return target

@@ -36,7 +36,14 @@ from literl.lora import is_lora, load_adapter_state
 
 STEP_NAME = re.compile(r"step_\d+")
 REQUIRED_STATE = ("step", "optimizer", "scheduler", "rng", "stream")
-_TEMPORARY = re.compile(r"\.(tmp|old)-.+|\..+\.tmp")   # save_model / save_checkpoint / write_atomic leftovers
+# What literl's own interrupted saves leave behind, by exact name and per folder of the run (nothing else there is
+# ever deleted: a user's `.old-backup/` is not literl's): save_model's and save_checkpoint's `.tmp-<name>-<pid>` /
+# `.old-<name>-<pid>` folders, and write_atomic's `.<file>.<mkstemp letters>.tmp` for the files literl writes.
+RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "eval.jsonl", "samples.jsonl", "diagnostics.json",
+             "summary.json")
+_ATOMIC = r"\.({})\.[a-z0-9_]+\.tmp"
+_TEMPORARIES = {".": re.compile(r"\.(tmp|old)-final-\d+|" + _ATOMIC.format("|".join(map(re.escape, RUN_FILES)))),
+                "checkpoints": re.compile(r"\.(tmp|old)-step_\d+-\d+|" + _ATOMIC.format("latest"))}
 
 
 class CheckpointError(RuntimeError):
@@ -45,6 +52,9 @@ class CheckpointError(RuntimeError):
 
 class DiskFullError(OSError):
     """A save ran out of disk space; the message names the free space and trainer.keep_checkpoints."""
+
+
+DISK_FULL_BYTES = 1 << 20      # a save that failed with less free than this ran out of space, whatever it raised
 
 
 def save_model(directory: Path, model: torch.nn.Module, tokenizer, *, dtype: torch.dtype | None = None) -> Path:
@@ -60,9 +70,8 @@ def save_model(directory: Path, model: torch.nn.Module, tokenizer, *, dtype: tor
             _convert_saved_weights(tmp, dtype)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        _raise_if_disk_full(err, directory.parent, f"the model to {directory}", keep=None)
+    except BaseException as err:
+        _give_up_save(err, tmp, directory.parent, f"the model to {directory}", keep=None)
         raise
     _replace_dir(tmp, directory)
     return directory
@@ -141,9 +150,8 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state
         torch.save({"step": step, **trainer_state}, tmp / "trainer_state.pt")
         if config_text is not None:
             (tmp / "config.yaml").write_text(config_text, encoding="utf-8")
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)       # a partial copy would only take more space
-        _raise_if_disk_full(err, root, f"checkpoint {name}", keep=keep)
+    except BaseException as err:
+        _give_up_save(err, tmp, root, f"checkpoint {name}", keep=keep)
         raise
     _replace_dir(tmp, root / name)
     write_text_atomic(root / "latest", name)
@@ -168,19 +176,42 @@ def _prune(root: Path, keep: int, *, protect: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _raise_if_disk_full(err: OSError, where: Path, what: str, *, keep: int | None) -> None:
-    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-        return
-    free = _human(shutil.disk_usage(where).free) if where.exists() else "unknown"
+def _give_up_save(err: BaseException, tmp: Path, where: Path, what: str, *, keep: int | None) -> None:
+    """A save failed: remove its partial copy (it would only take more space), and raise DiskFullError when the
+    disk is full. torch.save and safetensors report a full disk as RuntimeError / SafetensorError, not
+    OSError(ENOSPC), so the free space decides too, measured before the partial copy goes (it is what filled it)."""
+    full = isinstance(err, Exception) and _disk_full(err, where)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if full:
+        _raise_disk_full(err, where, what, keep=keep)
+
+
+def _disk_full(err: Exception, where: Path) -> bool:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return _free_bytes(where) < DISK_FULL_BYTES
+    except OSError:
+        return False
+
+
+def _free_bytes(where: Path) -> int:
+    return shutil.disk_usage(where).free
+
+
+def _raise_disk_full(err: Exception, where: Path, what: str, *, keep: int | None) -> None:
+    free = _human(_free_bytes(where)) if where.exists() else "unknown"
     newest = _complete(where)[-1:] if keep is not None else []
     size = f" (about {_human(_tree_size(newest[0]))})" if newest else ""
     keeping = (f"besides the trainer.keep_checkpoints={keep} it keeps" if keep else
                "besides every checkpoint (trainer.keep_checkpoints=0 keeps all)") if keep is not None else ""
-    raise DiskFullError(err.errno, (
-        f"no space left on the device while writing {what}: {free} free in {where}. A save needs room for one "
-        f"checkpoint{size} {keeping}. Free some space, lower trainer.keep_checkpoints (the next save removes the "
-        f"older ones before writing), or move trainer.output_dir to a larger disk; then continue with "
-        f"trainer.resume=true. Nothing already saved was lost.").replace("  ", " ")) from None
+    cause = " ".join(str(err).split())[:200]
+    raise DiskFullError(errno.ENOSPC, (
+        f"no space left on the device while writing {what}: {free} free in {where} after removing the partial "
+        f"copy ({type(err).__name__}: {cause}). A save needs room for one checkpoint{size} {keeping}. Free some "
+        f"space, lower trainer.keep_checkpoints (the next save removes the older ones before writing), or move "
+        f"trainer.output_dir to a larger disk; then continue with trainer.resume=true. Nothing already saved was "
+        f"lost.").replace("  ", " ")) from None
 
 
 def _tree_size(path: Path) -> int:
@@ -196,16 +227,18 @@ def _human(n: float) -> str:
 
 
 def remove_stale_temporaries(run_dir: Path) -> list[Path]:
-    """Delete what interrupted saves left behind (`.tmp-*` / `.old-*` folders, atomic-write temporaries).
+    """Delete what literl's interrupted saves left behind (`.tmp-final-<pid>`, `checkpoints/.tmp-step_<n>-<pid>`
+    and their `.old-` twins, `.<file>.<random>.tmp` of the files literl writes), by exact name: nothing else.
 
     Call it only while holding the run directory's lock: then no other process is writing them.
     """
     removed = []
-    for folder in (Path(run_dir), Path(run_dir) / "checkpoints"):
+    for sub, temporary in _TEMPORARIES.items():
+        folder = Path(run_dir) / sub
         if not folder.is_dir():
             continue
         for entry in folder.iterdir():
-            if _TEMPORARY.fullmatch(entry.name):
+            if temporary.fullmatch(entry.name):
                 shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
                 removed.append(entry)
     return removed

@@ -52,7 +52,7 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
     """--model / --data / --data-dir as key=value overrides (JSON-quoted: any path is a YAML string). They come
     first, so a key=value given on the same line wins."""
     pairs = (("model.path", args.model), ("data.train", args.data), ("data.dir", args.data_dir))
-    return [f"{key}={json.dumps(value)}" for key, value in pairs if value is not None]
+    return [f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in pairs if value is not None]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[literl] {note}", file=sys.stderr)
         return 0
     from literl.distributed import ClusterError
+    from literl.rewards import RewardsFailing
     from literl.run_lock import DirectoryBusy
     from literl.training.api import run as run_training
     from literl.training.checkpoint import CheckpointError
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             ClusterError) as err:
         print(f"literl train: {err}", file=sys.stderr)
         return 2
-    except NonFiniteTraining as err:
+    except (NonFiniteTraining, RewardsFailing) as err:       # the trainer already said what it saved
         print(f"literl train: {err}", file=sys.stderr)
         return 1
     except OSError as err:

@@ -8,6 +8,7 @@ import math
 import os
 import secrets
 import string
+import warnings
 from pathlib import Path
 
 from literl.data.files import write_text_atomic
@@ -127,12 +128,19 @@ def wandb_run_id(run_dir: Path) -> str:
 
 
 def read_metrics(run_dir: str | Path, name: str = "metrics.jsonl") -> list[dict]:
-    """All records of a run's metrics.jsonl (or eval.jsonl), skipping a line cut short by a crash."""
+    """All records of a run's metrics.jsonl (or eval.jsonl), skipping a line cut short by a crash; a line that is
+    not UTF-8 (a damaged or hand-edited file) is skipped too, with a warning naming the file and the line."""
     path = Path(run_dir) / name
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
+    out, damaged = [], []
+    for number, raw in enumerate(path.read_bytes().splitlines() if path.exists() else [], start=1):
         try:
-            out.append(json.loads(line))
+            out.append(json.loads(raw.decode("utf-8")))
+        except UnicodeDecodeError:
+            damaged.append(number)
         except json.JSONDecodeError:
             continue
+    if damaged:
+        lines = ", ".join(map(str, damaged[:10])) + (", ..." if len(damaged) > 10 else "")
+        warnings.warn(f"{path}, line {lines}: not valid UTF-8; skipped {len(damaged)} line(s) of it", UserWarning,
+                      stacklevel=2)
     return out

@@ -28,7 +28,15 @@ def load_policy(cfg, *, model=None, tokenizer=None, console=None):
     try:
         policy = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         tok = tokenizer or AutoTokenizer.from_pretrained(str(path))
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - transformers, safetensors and tokenizers raise many types
+        if is_testbed:      # checked against its manifest already: damage that the check could not see
+            from literl.testbed.cache import TestbedCacheError
+
+            detail = " ".join(str(err).split())[:300]
+            raise TestbedCacheError(f"the cached testbed {path} cannot be loaded ({type(err).__name__}: {detail}). "
+                                    "Delete that folder: the next run reinstalls or rebuilds it") from None
+        if not isinstance(err, OSError):
+            raise
         raise FileNotFoundError(f"could not load a causal LM and tokenizer from '{path}': {err}. Pass a directory "
                                 "written by save_pretrained (the hub is only used when it is reachable).") from None
     return policy, tok, is_testbed

@@ -25,9 +25,17 @@ def training_problems(cfg, *, problems: Sequence[dict] | str | None = None, test
         from literl.data.problems import load_problems
 
         rows = load_problems(source, data_dir=d.dir, problem_field=d.problem_field, answer_field=d.answer_field,
-                             id_field=d.id_field, limit=d.limit)
+                             id_field=d.id_field, limit=d.limit, field_option="data.{role}_field=<one of them>")
+        if not rows:
+            raise ValueError(f"{rows.source} holds no usable problem: "
+                             + (f"all {len(rows.skipped_ids)} of its rows have an empty or unusable answer (field "
+                                f"data.answer_field={d.answer_field})" if rows.skipped_ids else
+                                "it has no rows (an empty or blank file)")
+                             + ". data.train takes a .jsonl/.json/.parquet file of rows with a problem and an answer")
         return TrainingData(rows, False, source)
     rows = [dict(r) for r in source]
+    if not rows:
+        raise ValueError("the problems passed in are an empty list: there is nothing to train on")
     for i, row in enumerate(rows):
         if "problem" not in row or "answer" not in row:
             raise ValueError(f"training problem {i} lacks a 'problem' or 'answer' key (has: {sorted(row)}); "

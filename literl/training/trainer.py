@@ -77,6 +77,7 @@ class Trainer:
     def _fit(self) -> Path:
         p, cfg = self.parts, self.cfg
         self._resume_if_asked()
+        p.record_start()            # config.yaml and run.json: after a resume's checkpoint has loaded
         if self.step == 0 and cfg.eval.before:
             self._evaluate("before")
         p.console.start(total=cfg.trainer.steps, done=self.step)

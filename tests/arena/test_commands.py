@@ -66,3 +66,26 @@ def test_report_of_plain_runs(tmp_path, capsys):
 def test_report_refuses_what_is_not_a_run(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "neither a run directory" in capsys.readouterr().err
+
+
+def test_report_labels_are_text_not_markup(tmp_path, capsys):
+    """Issue 31.15: a run label with two `$` crashed `literl report` in matplotlib's mathtext, and `[...]` in a
+    label was read as rich markup in the console table (`[bold]` vanished)."""
+    dollars, brackets = tmp_path / "lr $10^{-3$", tmp_path / "[bold]run"
+    write_run(dollars, [0.3, 0.4])
+    write_run(brackets, [0.3, 0.5])
+    assert main(["report", str(dollars), str(brackets), "--out", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out
+    assert "lr $10^{-3$" in out and "[bold]run" in out
+    assert (tmp_path / "r.html").is_file()
+
+
+def test_report_reads_past_a_line_that_is_not_utf8(tmp_path, capsys):
+    """Issue 31.18: one non-UTF-8 line in eval.jsonl stopped `literl report` with a raw UnicodeDecodeError. The
+    line is skipped with a warning naming the file and the line, as a line cut short by a crash is skipped."""
+    run = write_run(tmp_path / "run", [0.3, 0.4, 0.5])
+    with open(run / "eval.jsonl", "ab") as f:
+        f.write(b'{"step": 99, "tag": "\xff\xfe"}\n')
+    with pytest.warns(UserWarning, match=r"eval.jsonl, line 4: not valid UTF-8"):
+        assert main(["report", str(run)]) == 0
+    assert (run / "report.html").is_file()

@@ -135,3 +135,49 @@ def test_answer_text(value, text):
                                         (0.1 + 0.2, "0.30000000000000004"), (1e300, "1" + "0" * 300)])
 def test_float_answers_are_positional_without_binary_noise(value, text):
     assert answer_text(value) == text
+
+
+def test_named_fields_win_over_columns_that_share_the_normalised_names(tmp_path):
+    """Issue 31.1: a Hugging Face set often carries several answer columns. With data.problem_field=question and
+    data.answer_field=final, the row's own `problem`/`answer` columns must not overwrite the mapped ones (the run
+    trained on gold 999999 before), and an `id` column must not overwrite id_field's value."""
+    path = tmp_path / "several.jsonl"
+    write_jsonl_atomic(path, [{"qid": "q7", "id": "other-7", "question": "What is 25+7*1?", "final": "32",
+                               "problem": "What is 1+1?", "answer": "999999", "level": 2}])
+    record = load_problems(path, problem_field="question", answer_field="final", id_field="qid")[0]
+    assert (record["id"], record["problem"], record["answer"]) == ("q7", "What is 25+7*1?", "32")
+    assert record["level"] == 2
+
+
+@pytest.mark.parametrize("value", [True, False, float("nan"), float("inf"), {"v": 32}, [{"v": 32}], [True]],
+                         ids=["true", "false", "nan", "inf", "dict", "list-of-dict", "list-of-bool"])
+def test_answers_that_are_not_a_value_are_skipped_and_reported(tmp_path, value):
+    """Issue 31.13: true, NaN and a dict became the gold strings "True", "nan" and "{'v': 32}", silently: no
+    response can match them (or a wrong one does). They are skipped and counted as empty answers are."""
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps({"id": "odd", "problem": "What is 4*8?", "answer": value}) + "\n"
+                    + json.dumps({"id": "fine", "problem": "What is 1+1?", "answer": 2}) + "\n")
+    with pytest.warns(DataWarning, match=r"skipped 1 of 2 rows .*ids: odd"):
+        problems = load_problems(path)
+    assert [p["id"] for p in problems] == ["fine"] and problems.skipped_ids == ["odd"]
+
+
+def test_a_file_that_starts_with_a_utf8_byte_order_mark_is_read(tmp_path):
+    """Issue 31.14: Windows editors save UTF-8 with a BOM; the file was refused ("not valid JSON")."""
+    rows = [{"id": "1", "problem": "What is 1+1?", "answer": "2"}]
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(rows[0]).encode() + b"\n")
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(rows).encode())
+    assert load_problems(tmp_path / "bom.jsonl").records == rows
+    assert load_problems(tmp_path / "bom.json").records == rows
+
+
+def test_terminal_escapes_in_skipped_ids_are_printed_escaped(tmp_path):
+    """Issue 31.15: ids come from the data; an id holding `ESC[2J` cleared the user's terminal when warned about."""
+    path = tmp_path / "hostile.jsonl"
+    path.write_text(json.dumps({"id": "\x1b[2J\x1b]0;owned\x07", "problem": "p", "answer": ""}) + "\n"
+                    + json.dumps({"id": "ok", "problem": "p", "answer": "1"}) + "\n")
+    with pytest.warns(DataWarning) as caught:
+        load_problems(path)
+    message = str(caught[0].message)
+    assert "\x1b" not in message and "\x07" not in message
+    assert "\\x1b[2J\\x1b]0;owned\\x07" in message

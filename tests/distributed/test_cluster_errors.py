@@ -36,3 +36,39 @@ def test_an_unreachable_cluster_address_fails_fast_naming_the_address(tmp_path):
     assert "ray start --head" in result.stderr and "cluster.address=local" in result.stderr
     assert not (tmp_path / "run" / "config.yaml").exists(), "a start that failed leaves no run behind"
     assert time.monotonic() - start < 120
+
+
+class _RecordingRay:
+    """Stands in for the `ray` module: records ray.init's arguments, starts nothing."""
+
+    def __init__(self):
+        self.inits = []
+
+    def is_initialized(self):
+        return False
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+
+
+def test_a_local_cluster_far_larger_than_the_machine_is_warned_about(monkeypatch):
+    """Issue 31.18: 64 trainer ranks + 64 rollout workers on a 2-core machine started 88+ processes without a word
+    (and no step came in 200 s). A local cluster asking for more CPUs than this machine may use warns, with the
+    numbers and the keys; one that fits does not."""
+    import warnings
+
+    import literl.distributed.cluster as cluster_module
+
+    fake = _RecordingRay()
+    monkeypatch.setattr(cluster_module, "import_ray", lambda: fake)
+    monkeypatch.setattr(cluster_module, "available_cpus", lambda: 2)
+    monkeypatch.setattr(cluster_module.atexit, "register", lambda *args: None)
+    big = load_config(overrides=["cluster.address=local", "cluster.trainer_ranks=64", "cluster.rollout_workers=64"])
+    with pytest.warns(cluster_module.ClusterWarning,
+                      match=r"64 trainer ranks \+ 64 rollout workers.*128 CPUs.*2 CPUs.*cluster.trainer_ranks"):
+        cluster_module.connect(big.cluster)
+    fitting = load_config(overrides=["cluster.address=local", "cluster.trainer_ranks=1", "cluster.rollout_workers=1"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", cluster_module.ClusterWarning)
+        cluster_module.connect(fitting.cluster)
+    assert len(fake.inits) == 2

@@ -81,3 +81,30 @@ def trl_not_applicable(completions, **kwargs) -> list:
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"score": float(f"\\boxed{{{ground_truth}}}" in solution_str) + (0.5 if data_source == "bonus" else 0.0),
             "id": extra_info["id"]}
+
+
+class NeedsTwoArguments(Exception):
+    """An exception whose pickle cannot be read back: unpickling calls NeedsTwoArguments(*args) with one."""
+
+    def __init__(self, first, second):
+        super().__init__(first)
+
+
+def returns_an_unreadable_exception(response: str, example: dict):
+    return NeedsTwoArguments("a", "b")
+
+
+class NoFloat:
+    def __float__(self):
+        raise RuntimeError("no float for you")
+
+
+def returns_hostile_values(response: str, example: dict):
+    """What a reward can return that float() cannot take, or that float32 cannot hold."""
+    return {"huge": 10 ** 400, "no_float": NoFloat(), "float32_inf": 1e39, "ok": 0.5}[response]
+
+
+def trl_hangs(prompts, completions, **kwargs) -> list[float]:
+    """A TRL-style (batched) reward stuck for good, e.g. on a remote judge that never answers."""
+    time.sleep(600)
+    return [1.0] * len(completions)

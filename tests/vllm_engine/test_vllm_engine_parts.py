@@ -128,3 +128,18 @@ def test_the_shipped_is_correction_ablation_varies_only_minirls_train_infer_weig
     assert {arm.name: arm.overrides for arm in spec.scenarios} == {
         "vllm_bf16": ("rollout.engine=vllm",), "literl_bf16": ("rollout.engine=hf",)}
     assert len(check_configs(spec)) == 4
+
+
+def test_a_setup_error_of_the_vllm_engine_is_one_line_with_exit_2(tmp_path, capsys):
+    """Issue 31.17: an engine environment that cannot be used printed a traceback and exited 1, where a config
+    error is one line and exit 2."""
+    from literl.cli import main
+
+    missing = tmp_path / "nowhere" / "python"
+    code = main(["train", f"trainer.output_dir={tmp_path / 'run'}", "rollout.engine=vllm",
+                 f"rollout.vllm.python={missing}", "trainer.progress=false"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("literl train:")]
+    assert len(lines) == 1 and f"{missing} does not exist" in lines[0] and "./run.sh vllm-setup" in lines[0]
+    assert not (tmp_path / "run").exists()
