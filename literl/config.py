@@ -2,8 +2,8 @@
 
 Every trick is a `TrickSpec(name, params)`; its parameters' defaults live in the trick function's signature
 (one source of truth) and are checked against it when the config loads, so a typo fails in the first
-second. Multi-entry axes (`loss_masks`, `policy_masks`, `reward_shaping`) are maps from trick name to params, applied in
-order; a map given in a later layer replaces the earlier one whole, while a dotted override into one entry
+second. Multi-entry axes (`loss_masks`, `policy_masks`, `reward_shaping`) are maps from trick name to params,
+applied in order; a map given in a later layer replaces the earlier one whole, while a dotted override into one entry
 merges (`...soft_overlong.factor=0.5`) and `...soft_overlong=null` removes it. `literl config --explain`
 prints every key with its help text.
 

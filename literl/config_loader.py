@@ -52,8 +52,8 @@ def load_config(preset: str | None = None, config_file: str | Path | None = None
                 overrides: Iterable[str] = (), *, base: Config | None = None) -> Config:
     """Build a validated Config. Raises ConfigError with the fix on any bad key, value or trick.
 
-    A map given for `algorithm.loss_masks`, `algorithm.policy_masks` or `algorithm.reward_shaping` (in a YAML file, or as
-    `algorithm.reward_shaping={...}`) replaces the earlier layers' map; a dotted override into one entry
+    A map given for `algorithm.loss_masks`, `algorithm.policy_masks` or `algorithm.reward_shaping` (in a YAML file,
+    or as `algorithm.reward_shaping={...}`) replaces the earlier layers' map; a dotted override into one entry
     merges into it, and `<axis>.<name>=null` or `~<axis>.<name>` removes that entry.
     """
     merged = OmegaConf.structured(base or Config())

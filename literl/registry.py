@@ -74,7 +74,8 @@ class Registry:
         name = fn.__name__
         if name in self._entries:
             raise ValueError(f"{self.axis}: '{name}' is registered twice")
-        keyword = {p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        keyword = {p.name for p in inspect.signature(fn).parameters.values()
+                   if p.kind is inspect.Parameter.KEYWORD_ONLY}
         if not set(inputs) <= keyword:
             raise ValueError(f"{self.axis}.{name}: inputs {sorted(set(inputs) - keyword)} are not keyword parameters")
         self._entries[name] = fn

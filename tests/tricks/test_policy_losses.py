@@ -364,15 +364,16 @@ def test_gmpo_edge_cases():
     close64(grad, [[-1 / 3] * 3, [0.0] * 3], atol=1e-12)
     loss, grad, _ = run_e("gmpo", "seq_mean_token_mean", overrides={"adv": torch.zeros(2, 3, dtype=torch.float64)})
     assert float(loss) == 0.0 and not grad.any()
-    one_row = {"logp": torch.tensor([[0.5, 0.6, 0.7]], dtype=torch.float64), "old": torch.zeros(1, 3, dtype=torch.float64),
-               "rollout": torch.zeros(1, 3, dtype=torch.float64), "mask": torch.ones(1, 3, dtype=torch.bool),
-               "adv": torch.ones(1, 3, dtype=torch.float64)}
+    f64 = torch.float64
+    one_row = {"logp": torch.tensor([[0.5, 0.6, 0.7]], dtype=f64), "old": torch.zeros(1, 3, dtype=f64),
+               "rollout": torch.zeros(1, 3, dtype=f64), "mask": torch.ones(1, 3, dtype=torch.bool),
+               "adv": torch.ones(1, 3, dtype=f64)}
     loss, grad, _ = run_e("gmpo", "seq_mean_token_mean", overrides=one_row)
     close64(loss, -E(0.4), atol=1e-12)
     assert not grad.any()
-    boundary = {**one_row, "logp": torch.tensor([[0.4]], dtype=torch.float64), "old": torch.zeros(1, 1, dtype=torch.float64),
-                "rollout": torch.zeros(1, 1, dtype=torch.float64), "mask": torch.ones(1, 1, dtype=torch.bool),
-                "adv": torch.ones(1, 1, dtype=torch.float64)}
+    boundary = {"logp": torch.tensor([[0.4]], dtype=f64), "old": torch.zeros(1, 1, dtype=f64),
+                "rollout": torch.zeros(1, 1, dtype=f64), "mask": torch.ones(1, 1, dtype=torch.bool),
+                "adv": torch.ones(1, 1, dtype=f64)}
     _, grad, _ = run_e("gmpo", "seq_mean_token_mean", overrides=boundary)
     close64(grad, [[-E(0.4)]], atol=1e-12)
 
@@ -438,7 +439,8 @@ def test_sapo_edge_cases():
 def test_clip_cov_hand():
     """Batch E, ε_low = ε_high = 1 (the recipe), ρ_c = 2e-4, TM over N = 5.
     Ā = (1 + 1 + 1 − 0.5 − 0.5)/5 = 0.4, l̄ = (−0.7 − 0.5 − 2.0 − 0.6 − 1.3)/5 = −1.02;
-    Cov = [[0.6·0.32, 0.6·0.52, 0.6·(−0.98)], [(−0.9)(0.42), (−0.9)(−0.28)]] = [[0.192, 0.312, −0.588], [−0.378, 0.252]].
+    Cov = [[0.6·0.32, 0.6·0.52, 0.6·(−0.98)], [(−0.9)(0.42), (−0.9)(−0.28)]]
+        = [[0.192, 0.312, −0.588], [−0.378, 0.252]].
     Default band (1, 5): nothing selected → plain PPO with ε = 1: q = −A·r = [[−1.648721, −1, −0.606531], [0.303265,
         0.370409]], L = −2.581578/5 = −0.516315.
     Band (0.2, 0.3): C = {(1,1)} (r = 0.740818 ∈ [0, 2], not PPO-clipped); n_clip = max(1, ⌊0.001⌋) = 1 → S = C.
@@ -495,7 +497,8 @@ def test_clip_cov_edge_cases():
     close64(loss, ppo_loss, atol=1e-15)
     close64(grad, ppo_grad, atol=1e-15)
     none = torch.zeros(2, 3, dtype=torch.bool)
-    loss, grad, m = run_e("clip_cov", "token_mean", overrides={"mask": none, "adv": torch.zeros(2, 3, dtype=torch.float64)})
+    zeros = torch.zeros(2, 3, dtype=torch.float64)
+    loss, grad, m = run_e("clip_cov", "token_mean", overrides={"mask": none, "adv": zeros})
     assert float(loss) == 0.0 and not grad.any() and not m["cov_detached_BT"].any()
     _, _, m = run_e("clip_cov", "token_mean", clip_cov_lb=0.2, clip_cov_ub=0.35, eps_low=0.2, eps_high=0.2)
     assert m["cov_detached_BT"].tolist() == [[False, True, False], [False, False, False]]
@@ -532,7 +535,8 @@ def test_kl_cov_edge_cases():
     close64(loss_BT[0, 0], -1.148721)
     assert m["cov_penalised_BT"].tolist() == [[True, False, False], [False, False, False]]
     none = torch.zeros(2, 3, dtype=torch.bool)
-    loss, grad, _ = run_e("kl_cov", "token_mean", overrides={"mask": none, "adv": torch.zeros(2, 3, dtype=torch.float64)})
+    zeros = torch.zeros(2, 3, dtype=torch.float64)
+    loss, grad, _ = run_e("kl_cov", "token_mean", overrides={"mask": none, "adv": zeros})
     assert float(loss) == 0.0 and not grad.any()
     _, grad, _ = run_e("kl_cov", "token_mean", overrides={"old": b["logp"]}, kl_cov_ratio=1.0)
     close64(grad, [[-0.2] * 3, [0.1, 0.1, 0.0]], atol=1e-15)
