@@ -2,8 +2,8 @@
 
 Every trick is a `TrickSpec(name, params)`; its parameters' defaults live in the trick function's signature
 (one source of truth) and are checked against it when the config loads, so a typo fails in the first
-second. Multi-entry axes (`loss_masks`, `reward_shaping`) are maps from trick name to params, applied in
-order; a map given in a later layer replaces the earlier one whole, while a dotted override into one entry
+second. Multi-entry axes (`loss_masks`, `policy_masks`, `reward_shaping`) are maps from trick name to params,
+applied in order; a map given in a later layer replaces the earlier one whole, while a dotted override into one entry
 merges (`...soft_overlong.factor=0.5`) and `...soft_overlong=null` removes it. `literl config --explain`
 prints every key with its help text.
 
@@ -195,6 +195,12 @@ class AlgorithmConfig:
         help="loss masks, name → params (e.g. overlong: {}). A map given in a YAML file or as "
              "algorithm.loss_masks={...} replaces the preset's; algorithm.loss_masks.<name>.<param>=v merges "
              "into one entry; algorithm.loss_masks.<name>=null (or ~algorithm.loss_masks.<name>) removes it",
+        factory=dict)
+    policy_masks: dict[str, dict[str, Any]] = knob(
+        help="masks on the policy-loss term computed from the current policy each micro-batch, name → params "
+             "(e.g. opsm: {delta: 0.5}, high_entropy: {top_ratio: 0.2}); masked tokens stay in the denominators. "
+             "Edited like loss_masks: algorithm.policy_masks.<name>.<param>=v adds or merges one entry, "
+             "algorithm.policy_masks.<name>=null removes it",
         factory=dict)
     reward_shaping: dict[str, dict[str, Any]] = knob(
         help="reward transforms applied in order, name → params (e.g. rescale: {low: -1}). A map given in a "

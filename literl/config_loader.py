@@ -22,7 +22,8 @@ from literl.profiles import HF_MODEL_LR, TESTBED_LR  # noqa: F401 - re-exported 
 from literl.registry import ConfigError
 
 PRESET_DIR = "configs/presets"
-TRICK_MAP_EXAMPLES = {"loss_masks": {"overlong": {}}, "reward_shaping": {"rescale": {"low": -1}}}
+TRICK_MAP_EXAMPLES = {"loss_masks": {"overlong": {}}, "policy_masks": {"opsm": {"delta": 0.5}},
+                      "reward_shaping": {"rescale": {"low": -1}}}
 
 
 # ---------------------------------------------------------------------------------------------- presets
@@ -51,8 +52,8 @@ def load_config(preset: str | None = None, config_file: str | Path | None = None
                 overrides: Iterable[str] = (), *, base: Config | None = None) -> Config:
     """Build a validated Config. Raises ConfigError with the fix on any bad key, value or trick.
 
-    A map given for `algorithm.loss_masks` or `algorithm.reward_shaping` (in a YAML file, or as
-    `algorithm.reward_shaping={...}`) replaces the earlier layers' map; a dotted override into one entry
+    A map given for `algorithm.loss_masks`, `algorithm.policy_masks` or `algorithm.reward_shaping` (in a YAML file,
+    or as `algorithm.reward_shaping={...}`) replaces the earlier layers' map; a dotted override into one entry
     merges into it, and `<axis>.<name>=null` or `~<axis>.<name>` removes that entry.
     """
     merged = OmegaConf.structured(base or Config())
@@ -223,7 +224,8 @@ def _apply_overrides(merged, items: list[str]):
         if _trick_map_of(key):
             map_edits.append(item)
         elif removal:
-            raise ConfigError(f"override '{item}': only algorithm.loss_masks, algorithm.reward_shaping and their "
+            raise ConfigError(f"override '{item}': only algorithm.loss_masks, algorithm.policy_masks, "
+                              f"algorithm.reward_shaping and their "
                               f"entries can be removed with ~; set other keys with key=value")
         elif _inside_list(merged, key):
             list_items.append(item)
@@ -440,11 +442,13 @@ def explain() -> str:
     walk(Config(), "")
     lines += ["", "Layers: defaults <- preset <- --config file <- key=value overrides. Maps merge key by key; a list",
               "  is replaced whole (reward.fns=[...]) or one item is set by index (reward.fns.0.weight=2).",
-              "  algorithm.loss_masks and algorithm.reward_shaping are ordered pipelines: a map given for one, in a",
-              "  file or as algorithm.reward_shaping={...}, replaces the earlier map ({} clears it); a dotted key",
-              "  merges into one entry (algorithm.reward_shaping.rescale.low=-1); algorithm.reward_shaping.NAME=null",
-              "  or ~algorithm.reward_shaping.NAME removes one entry."]
-    lines.append("\nTricks (algorithm.<axis>.name, algorithm.<axis>.params.<param>):")
+              "  algorithm.loss_masks, algorithm.policy_masks and algorithm.reward_shaping are maps of tricks: a map",
+              "  given for one, in a file or as algorithm.reward_shaping={...}, replaces the earlier map ({} clears",
+              "  it); a dotted key adds or merges one entry (algorithm.policy_masks.opsm.delta=0.5);",
+              "  algorithm.reward_shaping.NAME=null or ~algorithm.reward_shaping.NAME removes one entry.",
+              "  A parameter shown as <required> has no default: a config that names the trick must set it."]
+    lines.append("\nTricks (algorithm.<axis>.name, algorithm.<axis>.params.<param>; the map axes loss_mask, "
+                 "policy_mask, reward_shaping: algorithm.<axis>s.<name>.<param>):")
     for axis, registry in ALL.items():
         lines.append(f"  {axis}:")
         for name in registry.names():

@@ -19,7 +19,7 @@ from literl.registry import ConfigError
 # Algorithm fields that hold one trick, and the registry each one is checked against.
 SINGLE_TRICKS = {"advantage": "advantage", "policy_loss": "policy_loss", "aggregation": "aggregation",
                  "is_correction": "is_correction", "kl": "kl", "group_filter": "group_filter"}
-MULTI_TRICKS = {"loss_masks": "loss_mask", "reward_shaping": "reward_shaping"}
+MULTI_TRICKS = {"loss_masks": "loss_mask", "policy_masks": "policy_mask", "reward_shaping": "reward_shaping"}
 CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "rollout.dtype": ("float32", "bfloat16", "float8_e4m3"),
@@ -204,6 +204,13 @@ def validate(cfg: Config) -> None:
     if algo.policy_loss.name in ("gspo", "gspo_token") and algo.aggregation.name != "seq_mean_token_mean":
         warnings.warn(f"{algo.policy_loss.name} is defined with seq_mean_token_mean aggregation "
                       f"(algorithms.md §2.5); {algo.aggregation.name} weights each sequence by its length")
+    if algo.policy_loss.name == "gmpo" and algo.aggregation.name != "seq_mean_token_mean":
+        warnings.warn(f"gmpo puts its per-sequence loss on every token and is defined with seq_mean_token_mean "
+                      f"aggregation (algorithms.md §10.1); {algo.aggregation.name} weights each sequence by its length")
+    if algo.policy_loss.name == "kl_cov" and t.minibatches == 1 and not algo.bypass_mode:
+        warnings.warn("kl_cov's |log ρ| penalty has zero gradient while ρ = 1, and with trainer.minibatches=1 every "
+                      "update is on-policy: the run is the plain policy gradient (algorithms.md §10.6); set "
+                      "trainer.minibatches > 1, as the paper's recipes do")
     if algo.group_filter.name != "keep_all" and r.max_rounds == 1:
         warnings.warn("a group filter with rollout.max_rounds=1 drops groups without refilling the batch; "
                       "set rollout.max_rounds>1 to resample (DAPO dynamic sampling)")

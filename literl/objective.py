@@ -1,6 +1,6 @@
 """The objective: the one place where tricks are composed.
 
-    L(θ) = Σ_{b,t} w_bt · ( c_bt · ℓ_policy(logp, old_logp, rollout_logp, A)_bt
+    L(θ) = Σ_{b,t} w_bt · ( c_bt · g_bt · ℓ_policy(logp, old_logp, rollout_logp, A)_bt
                             + β · KL_est(logp, ref_logp)_bt            (KL as a loss term)
                             − c_H · H_bt )                             (entropy bonus)
            + λ_aux · aux                                               (MoE load balancing, off by default)
@@ -8,6 +8,8 @@
     w  = aggregation weights: numerator_bt / Σ denominator, computed once per optimizer step over the
          whole step batch, with the loss mask folded in (response ∧ loss masks ∧ IS keep)
     c  = training–inference IS-correction weight (detached)
+    g  = product of the policy masks' gates (detached; 1 when none): computed per micro-batch from the current
+         policy (OPSM's drift, the 80/20 entropy mask), they leave w, and so every denominator, unchanged
     A  = advantages from the shaped rewards (and −β·KL per token when KL is a reward penalty)
 
 Because every normaliser is in `w`, the loss of a micro-batch is a plain weighted sum: micro-batch
@@ -15,6 +17,11 @@ losses add up to the full-step loss exactly, whatever the split (and, later, wha
 the denominators are all-reduced). Axis metrics come back with their axis as prefix
 (`policy_loss/clipfrac_binding_high`, `is_correction/ess`, ...). Nothing here compares a trick name:
 every trick arrives built from its registry.
+
+What a trick needs from the step besides its positional tensors it declares (`register(inputs=...)`), and
+this is where it is supplied: `entropy_BT` (the update forward's entropies, detached) and `generator` (a
+torch.Generator per micro-batch, seeded from per-row seeds drawn in `prepare` from the run's generator, so the
+same seed makes the same selection, a resumed run included, wherever the micro-batch is computed).
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ from literl.diagnostics.importance import is_decomposition
 from literl.ops import dense_group_index, group_min_max, masked_mean
 from literl.metric_reduction import scalars
 from literl.tricks import (ADVANTAGES, AGGREGATIONS, GROUP_FILTERS, IS_CORRECTIONS, KL_ESTIMATORS, LOSS_MASKS,
-                           POLICY_LOSSES, REWARD_SHAPING)
+                           POLICY_LOSSES, POLICY_MASKS, REWARD_SHAPING)
+
+SELECTION_SEED = "selection_seed_B"     # TrainBatch.extras: per-row seeds of the tricks that draw at random
 
 
 @dataclass
@@ -49,13 +58,15 @@ class Objective:
                  is_correction: Callable, kl: Callable, kl_coef: float, kl_in_reward: bool, entropy_coef: float,
                  loss_masks: list[Callable], reward_shaping: list[Callable], group_filter: Callable,
                  bypass_mode: bool, local_normaliser: bool = False, routing_replay: str = "none",
-                 router_aux_coef: float = 0.0):
+                 router_aux_coef: float = 0.0, policy_masks: dict[str, Callable] | None = None):
         self.advantage, self.policy_loss, self.aggregation = advantage, policy_loss, aggregation
         self.is_correction, self.kl, self.group_filter = is_correction, kl, group_filter
         self.kl_coef, self.kl_in_reward, self.entropy_coef = kl_coef, kl_in_reward, entropy_coef
         self.loss_masks, self.reward_shaping, self.bypass_mode = loss_masks, reward_shaping, bypass_mode
         self.local_normaliser = local_normaliser
         self.routing_replay, self.router_aux_coef = routing_replay, router_aux_coef
+        self.policy_masks = dict(policy_masks or {})
+        self.draws_at_random = any("generator" in _inputs(fn) for fn in (policy_loss, *self.policy_masks.values()))
 
     @classmethod
     def from_config(cls, cfg) -> "Objective":
@@ -83,6 +94,8 @@ class Objective:
                         for n, p in a.loss_masks.items()],
             reward_shaping=[REWARD_SHAPING.build(n, p or {}, where=f"algorithm.reward_shaping.{n}", context=ctx)
                             for n, p in a.reward_shaping.items()],
+            policy_masks={n: POLICY_MASKS.build(n, p or {}, where=f"algorithm.policy_masks.{n}", context=ctx)
+                          for n, p in a.policy_masks.items()},
             kl_coef=a.kl_coef, kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef, bypass_mode=a.bypass_mode,
             local_normaliser=a.aggregation_normaliser == "local", routing_replay=a.routing_replay,
             router_aux_coef=a.router_aux_loss_coef,
@@ -159,11 +172,16 @@ class Objective:
             weight_BT[rows] = numerator_BT / denominator.clamp(min=1)
 
         metrics.update(self._batch_metrics(batch, adv_BT, mask_BT, loss_mask_BT))
+        extras = dict(batch.extras)
+        if self.draws_at_random:
+            # Only then: every other objective leaves the run's random stream exactly as it was.
+            draw = rng if rng is not None else torch.Generator().manual_seed(0)
+            extras[SELECTION_SEED] = torch.randint(0, 2**31 - 1, (len(batch),), generator=draw)
         train = TrainBatch(
             tokens_BL=batch.tokens_BL, prompt_len_B=batch.prompt_len_B, response_ids_BT=batch.response_ids_BT,
             mask_BT=mask_BT, loss_mask_BT=loss_mask_BT, rollout_logp_BT=batch.rollout_logp_BT,
             old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT, adv_BT=adv_BT, is_weight_BT=is_weight_BT.detach(),
-            weight_BT=weight_BT, minibatch_B=minibatch_B, group_B=batch.group_B, extras=dict(batch.extras),
+            weight_BT=weight_BT, minibatch_B=minibatch_B, group_B=batch.group_B, extras=extras,
             forward_record=batch.forward_record,
             pad_id=batch.pad_id)
         return train, scalars(metrics)
@@ -203,15 +221,30 @@ class Objective:
     # ------------------------------------------------------------------------------------ once per micro-batch
     def loss(self, logp_BT: torch.Tensor, mb: TrainBatch, entropy_BT: torch.Tensor | None = None,
              aux_loss: torch.Tensor | None = None, loss_tokens: int | None = None) -> LossOutput:
-        """This micro-batch's share of the step loss: Σ w · (c·ℓ + β·KL − c_H·H), plus λ_aux times the forward's
+        """This micro-batch's share of the step loss: Σ w · (c·g·ℓ + β·KL − c_H·H), plus λ_aux times the forward's
         auxiliary loss (the MoE load balancing of its tokens) weighted by the micro-batch's share of the optimizer
-        step's response tokens. `loss_tokens`: the count of mb.loss_mask_BT, when the caller has it from the
-        CPU-side batch (counted here otherwise, which on a GPU waits for the device)."""
+        step's response tokens. The policy loss and the policy masks see this micro-batch's tensors (a selection
+        they make — the 80/20 quantile, the covariance tricks' top tokens — is over this micro-batch, as in verl);
+        every normaliser is the optimizer step's, in `mb.weight_BT`. `loss_tokens`: the count of mb.loss_mask_BT,
+        when the caller has it from the CPU-side batch (counted here otherwise, which on a GPU waits for the
+        device)."""
         mask_BT = mb.loss_mask_BT
         old_logp_BT = mb.old_logp_BT if mb.old_logp_BT is not None else logp_BT.detach()
-        policy_BT, policy_metrics = self.policy_loss(logp_BT, old_logp_BT, mb.rollout_logp_BT, mb.adv_BT, mask_BT)
+        detached_entropy_BT = entropy_BT.detach() if entropy_BT is not None else None
+        policy_BT, policy_metrics = self.policy_loss(logp_BT, old_logp_BT, mb.rollout_logp_BT, mb.adv_BT, mask_BT,
+                                                     **self._inputs_for(self.policy_loss, mb, logp_BT,
+                                                                        detached_entropy_BT))
         token_maps = {k: v for k, v in policy_metrics.items() if k.endswith("_BT")}
         metrics = _prefixed("policy_loss", {k: v for k, v in policy_metrics.items() if not k.endswith("_BT")})
+        gate_BT = None
+        for name, policy_mask in self.policy_masks.items():
+            gate_part_BT, mask_metrics = policy_mask(logp_BT, old_logp_BT, mb.rollout_logp_BT, mb.adv_BT, mask_BT,
+                                                     detached_entropy_BT,
+                                                     **self._inputs_for(policy_mask, mb, logp_BT, detached_entropy_BT))
+            gate_BT = gate_part_BT.detach() if gate_BT is None else gate_BT * gate_part_BT.detach()
+            metrics.update(_prefixed(f"policy_mask/{name}", mask_metrics))
+        if gate_BT is not None:
+            policy_BT = policy_BT * gate_BT
 
         w_BT = mb.weight_BT
         zero = torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device)
@@ -237,6 +270,20 @@ class Objective:
         metrics.update(is_decomposition(logp_BT.detach(), old_logp_BT, mb.rollout_logp_BT, mb.mask_BT))
         return LossOutput(total, {k: v.detach() if torch.is_tensor(v) else v for k, v in metrics.items()},
                           token_maps, int(mask_BT.sum()) if loss_tokens is None else loss_tokens)
+
+    def _inputs_for(self, fn: Callable, mb: TrainBatch, logp_BT: torch.Tensor,
+                    entropy_BT: torch.Tensor | None) -> dict:
+        """The step inputs `fn` declared (`register(inputs=...)`) that the objective supplies."""
+        wanted = _inputs(fn)
+        supplied = {}
+        if "entropy_BT" in wanted:
+            supplied["entropy_BT"] = entropy_BT
+        if "generator" in wanted:
+            seeds_B = mb.extras.get(SELECTION_SEED)
+            # The micro-batch's rows name its seed: the same rows draw the same numbers on any rank or resume.
+            seed = int(seeds_B.sum()) if seeds_B is not None else 0
+            supplied["generator"] = torch.Generator(device=logp_BT.device).manual_seed(seed)
+        return supplied
 
     # ------------------------------------------------------------------------------------ config-time check
     def self_check(self) -> None:
@@ -285,6 +332,10 @@ def _assign_minibatches(group_B: torch.Tensor, minibatches: int, rng: torch.Gene
     order = groups[torch.randperm(len(groups), generator=rng)]
     part_of_group = {int(gid): i * minibatches // len(order) for i, gid in enumerate(order.tolist())}
     return torch.tensor([part_of_group[int(gid)] for gid in group_B.tolist()], dtype=torch.long)
+
+
+def _inputs(fn: Callable) -> frozenset:
+    return getattr(fn, "step_inputs", frozenset())
 
 
 def _prefixed(axis: str, metrics: dict) -> dict:

@@ -49,6 +49,29 @@ def _masked_extreme(x: torch.Tensor, mask: torch.Tensor, empty: float, identity:
     return torch.where(mask.any(), extreme, empty_t)
 
 
+def descending_rank(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The rank of each True entry of `x` in descending order over the whole tensor (0 = largest), equal values
+    ranked by lower flat (row-major) index first; False entries rank after every True one. No host sync.
+
+    `rank < k` selects the k largest with a deterministic tie-break (KL-Cov's top-k, newer-losses.md §6)."""
+    flat_x, flat_mask = x.detach().flatten(), mask.flatten()
+    by_value = torch.sort(flat_x, descending=True, stable=True).indices          # ties keep index order
+    by_validity = torch.sort(flat_mask[by_value].to(torch.uint8), descending=True, stable=True).indices
+    order = by_value[by_validity]
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device)
+    return rank.view(x.shape)
+
+
+def kth_largest(x: torch.Tensor, mask: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The k-th largest True entry of `x` (k ≥ 1, a 0-dim tensor); −inf when k exceeds the number of True
+    entries (nothing True included). No host sync."""
+    flat = torch.where(mask, x.detach(), torch.full((), -math.inf, dtype=x.dtype, device=x.device)).flatten()
+    ordered = torch.sort(flat, descending=True).values
+    index = (k.to(torch.long) - 1).clamp(0, max(flat.numel() - 1, 0))
+    return ordered[index] if flat.numel() else torch.zeros((), dtype=x.dtype, device=x.device)
+
+
 @dataclass(frozen=True)
 class Ratio:
     """A mean kept as (Σ numerator, Σ denominator) so that micro-batch values combine exactly: `a + b` adds

@@ -17,6 +17,13 @@ config loads (`literl config --explain` shows them):
 
 A range is clauses `OP OPERAND` joined by `and`; OP is one of < <= > >=, OPERAND a number or another parameter
 of the same function. A parameter left at None (off) is not checked, nor a clause whose operand is None.
+
+A keyword parameter without a default is *required*: a config must give it (OPSM's δ, which the paper leaves
+open and frameworks default a thousandfold apart). A trick that needs something of the step besides its
+positional tensors (the current policy's entropy, a seeded generator) declares those keyword parameters as
+`inputs`; they are not config parameters, and the caller (`literl.objective`) supplies them at each call:
+
+    @POLICY_LOSSES.register(inputs=("generator", "entropy_BT"))
 """
 
 from __future__ import annotations
@@ -37,6 +44,16 @@ class ConfigError(ValueError):
     """A config names something that does not exist or cannot work; the message says how to fix it."""
 
 
+class _Required:
+    """The default `params_of` shows for a parameter the config must give (a keyword parameter without default)."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED = _Required()
+
+
 class Registry:
     """Named functions of one axis, with the same positional signature."""
 
@@ -44,15 +61,26 @@ class Registry:
         self.axis = axis
         self._entries: dict[str, Callable] = {}
         self._ranges: dict[str, dict[str, list[tuple[str, float | str]]]] = {}
+        self._inputs: dict[str, tuple[str, ...]] = {}
 
-    def register(self, fn: Callable | None = None, *, ranges: dict[str, str] | None = None):
-        """Register `fn` under its own name (usable bare, `@R.register`, or `@R.register(ranges={...})`)."""
+    def register(self, fn: Callable | None = None, *, ranges: dict[str, str] | None = None,
+                 inputs: tuple[str, ...] = ()):
+        """Register `fn` under its own name (usable bare, `@R.register`, or `@R.register(ranges={...})`).
+
+        `inputs` names keyword parameters the caller supplies at each call (not config parameters); they are
+        also set on the function as `step_inputs`, which the built partial keeps."""
         if fn is None:
-            return functools.partial(self.register, ranges=ranges)
+            return functools.partial(self.register, ranges=ranges, inputs=inputs)
         name = fn.__name__
         if name in self._entries:
             raise ValueError(f"{self.axis}: '{name}' is registered twice")
+        keyword = {p.name for p in inspect.signature(fn).parameters.values()
+                   if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        if not set(inputs) <= keyword:
+            raise ValueError(f"{self.axis}.{name}: inputs {sorted(set(inputs) - keyword)} are not keyword parameters")
         self._entries[name] = fn
+        self._inputs[name] = tuple(inputs)
+        fn.step_inputs = frozenset(inputs)
         params = self.params_of(name)
         self._ranges[name] = {param: _parse_range(text, f"{self.axis}.{name}", param, params)
                               for param, text in (ranges or {}).items()}
@@ -80,13 +108,24 @@ class Registry:
         return self._entries[name]
 
     def params_of(self, name: str) -> dict[str, Any]:
-        """Keyword-only parameters of an entry with their defaults (the single source of truth)."""
+        """Keyword-only config parameters of an entry with their defaults (the single source of truth); a required
+        one shows `REQUIRED`. The step inputs the entry declares are not config parameters."""
         sig = inspect.signature(self.get(name))
+        inputs = self._inputs.get(name, ())
         return {
-            p.name: p.default
+            p.name: REQUIRED if p.default is inspect.Parameter.empty else p.default
             for p in sig.parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in inputs
         }
+
+    def inputs_of(self, name: str) -> tuple[str, ...]:
+        """The keyword parameters the caller supplies at each call (`register(inputs=...)`)."""
+        self.get(name)
+        return self._inputs[name]
+
+    def required_of(self, name: str) -> list[str]:
+        """The config parameters without a default."""
+        return [k for k, v in self.params_of(name).items() if v is REQUIRED]
 
     def check(self, name: str, params: dict[str, Any] | None, *, where: str = "",
               context: dict[str, Any] | None = None) -> None:
@@ -104,6 +143,11 @@ class Registry:
                 f"{where or self.axis}: '{name}' has no parameter {', '.join(repr(u) for u in unknown)}.{hint} "
                 f"Valid parameters of {self.axis}.{name}: {listing}."
             )
+        missing = [k for k in self.required_of(name) if (params or {}).get(k) is None]
+        if missing:
+            raise ConfigError(f"{where or self.axis}: {self.axis} '{name}' needs {', '.join(missing)}, which has no "
+                              f"default; set it in the trick's params (docs/algorithms.md documents the values "
+                              f"papers and frameworks use)")
         self._check_ranges(name, params or {}, where or f"{self.axis}.{name}", context or {})
 
     def _check_ranges(self, name: str, params: dict[str, Any], where: str, context: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from literl.config_loader import (HF_MODEL_LR, TESTBED_LR, explain, from_yaml_fi
                                   preset_summary, resolve, to_yaml)
 from literl.registry import ConfigError
 
-PRESETS = ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "lite_ppo", "minirl", "reinforce_pp"]
+PRESETS = ["cispo", "dapo", "dr_grpo", "gmpo", "grpo", "gspo", "lite_ppo", "minirl", "reinforce_pp", "sapo"]
 
 
 def test_every_preset_from_the_issue_ships():
@@ -282,3 +282,31 @@ def test_trick_map_overrides_apply_in_command_line_order():
     set_then_cleared = load_config(preset="dapo", overrides=["algorithm.reward_shaping.rescale.low=-1",
                                                              "algorithm.reward_shaping={}"])
     assert set_then_cleared.algorithm.reward_shaping == {}
+
+
+def test_policy_masks_are_a_map_edited_like_loss_masks_and_a_required_parameter_must_be_given():
+    """algorithm.policy_masks.<name>.<param>=v adds an entry, =null removes it; OPSM's δ has no default, so naming
+    the mask without it is refused with the parameter's name; presets gmpo and sapo set their papers' losses."""
+    cfg = load_config(overrides=["algorithm.policy_masks.opsm.delta=0.5",
+                                 "algorithm.policy_masks.high_entropy.top_ratio=0.2"])
+    assert cfg.algorithm.policy_masks == {"opsm": {"delta": 0.5}, "high_entropy": {"top_ratio": 0.2}}
+    cfg = load_config(overrides=["algorithm.policy_masks.opsm.delta=0.5", "algorithm.policy_masks.opsm=null"])
+    assert cfg.algorithm.policy_masks == {}
+    with pytest.raises(ConfigError, match="needs delta"):
+        load_config(overrides=["algorithm.policy_masks={opsm: {}}"])
+    with pytest.raises(ConfigError, match="top_ratio=0 must be > 0"):
+        load_config(overrides=["algorithm.policy_masks.high_entropy.top_ratio=0"])
+    with pytest.raises(ConfigError, match="unknown policy_mask 'opsn'"):
+        load_config(overrides=["algorithm.policy_masks.opsn.delta=0.5"])
+    assert "delta=<required>" in explain()
+    gmpo, sapo = load_config(preset="gmpo").algorithm, load_config(preset="sapo").algorithm
+    assert (gmpo.policy_loss.name, gmpo.policy_loss.params, gmpo.aggregation.name) == (
+        "gmpo", {"eps_low": 0.4, "eps_high": 0.4}, "seq_mean_token_mean")
+    assert (sapo.policy_loss.name, sapo.policy_loss.params) == ("sapo", {"tau_pos": 1.0, "tau_neg": 1.05})
+
+
+def test_gmpo_without_its_aggregation_and_kl_cov_on_policy_warn():
+    with pytest.warns(UserWarning, match="gmpo puts its per-sequence loss"):
+        load_config(overrides=["algorithm.policy_loss.name=gmpo", "algorithm.aggregation.name=token_mean"])
+    with pytest.warns(UserWarning, match="kl_cov's"):
+        load_config(overrides=["algorithm.policy_loss.name=kl_cov", "trainer.minibatches=1"])

@@ -34,11 +34,20 @@ def _objective(*overrides):
     return Objective.from_config(load_config(overrides=list(overrides)))
 
 
+ROW_LOCAL = {                       # tricks whose every quantity is per token or per row: exact under any split
+    "ppo_clip": [], "cispo": ["algorithm.policy_loss.name=cispo"], "gspo": ["algorithm.policy_loss.name=gspo"],
+    "minirl": ["algorithm.policy_loss.name=minirl"], "gmpo": ["algorithm.policy_loss.name=gmpo"],
+    "sapo": ["algorithm.policy_loss.name=sapo"],
+    "opsm": ["algorithm.policy_masks.opsm.delta=0.02"],          # masks about a third of the negative rows
+    "sapo+opsm": ["algorithm.policy_loss.name=sapo", "algorithm.policy_masks.opsm.delta=0.02"],
+}
+
+
 @pytest.mark.parametrize("aggregation", AGGREGATIONS.names())
-@pytest.mark.parametrize("loss", ["ppo_clip", "cispo", "gspo", "minirl"])
+@pytest.mark.parametrize("loss", sorted(ROW_LOCAL))
 def test_micro_batches_sum_to_the_full_step_loss_and_gradient(aggregation, loss):
     """For every aggregation mode: Σ over uneven micro-batches of objective.loss = full-batch loss, same grads."""
-    obj = _objective(f"algorithm.aggregation.name={aggregation}", f"algorithm.policy_loss.name={loss}",
+    obj = _objective(f"algorithm.aggregation.name={aggregation}", *ROW_LOCAL[loss],
                      "algorithm.entropy_coef=0.01", "algorithm.kl_coef=0.05")
     batch = _batch()
     old = batch.rollout_logp_BT + 0.05 * torch.randn(batch.rollout_logp_BT.shape, generator=torch.Generator().manual_seed(1))
@@ -205,3 +214,102 @@ def test_local_normaliser_equals_global_when_micro_batches_hold_equal_counts():
         micros = obj.micro_batches(train, max_tokens=2)
         assert len(micros) == 2
         assert all(torch.allclose(m.weight_BT[m.loss_mask_BT], torch.tensor(0.25)) for m in micros)
+
+
+# ---- the newer tricks through the objective (newer-losses.md; algorithms.md §10) ---------------------------------
+
+def _step(obj, batch, seed=1):
+    """prepare() with a perturbed old policy, and the current log-probs and entropies of a step (no grad yet)."""
+    g = torch.Generator().manual_seed(seed)
+    old = batch.rollout_logp_BT + 0.05 * torch.randn(batch.rollout_logp_BT.shape, generator=g)
+    train, _ = obj.prepare(batch, old_logp_BT=old, rng=torch.Generator().manual_seed(7))
+    logp = (old + 0.3 * torch.randn(old.shape, generator=g)).detach()
+    entropy = torch.rand(old.shape, generator=g) * 2
+    return train, logp, entropy
+
+
+SELECTING = {
+    "clip_cov": ["algorithm.policy_loss.name=clip_cov", "algorithm.policy_loss.params.clip_cov_lb=-100",
+                 "algorithm.policy_loss.params.clip_cov_ub=100", "algorithm.policy_loss.params.clip_cov_ratio=0.2"],
+    "kl_cov": ["algorithm.policy_loss.name=kl_cov", "algorithm.policy_loss.params.kl_cov_ratio=0.2"],
+    "high_entropy": ["algorithm.policy_masks.high_entropy.top_ratio=0.2"],
+}
+
+
+@pytest.mark.parametrize("trick", sorted(SELECTING))
+def test_selecting_tricks_select_within_each_micro_batch_and_normalise_by_the_step(trick):
+    """Clip-Cov, KL-Cov and the 80/20 mask select over the tensors passed, i.e. each micro-batch (verl, the authors'
+    code; newer-losses.md §4–6). Their normaliser is still the optimizer step's: a micro-batch's share equals the
+    trick applied to that micro-batch ALONE (its own prepare, so its own selection), token_mean over its N_mb
+    tokens, scaled by N_mb / N_step (a local normaliser would miss that factor)."""
+    obj = _objective("algorithm.aggregation.name=token_mean", *SELECTING[trick])
+    batch = _batch(B=8, T=6, G=2)
+    train, logp, entropy = _step(obj, batch)
+    n_step = int(train.loss_mask_BT.sum())
+    for rows in ([0, 5], [1, 2, 3], [4, 6, 7]):
+        micro = train.select(torch.tensor(rows))
+        alone = dataclasses.replace(micro, weight_BT=micro.loss_mask_BT.float() / micro.loss_mask_BT.sum())
+        share = obj.loss(logp[rows], micro, entropy[rows]).loss
+        torch.testing.assert_close(share, obj.loss(logp[rows], alone, entropy[rows]).loss
+                                   * micro.loss_mask_BT.sum() / n_step, rtol=1e-6, atol=1e-7)
+
+
+def test_policy_masks_scale_only_the_policy_term_and_report_metrics():
+    """OPSM with δ = −1 masks every negative-advantage row. The KL and entropy terms and every weight are those
+    of the unmasked objective; the policy term keeps only the rows with A ≥ 0."""
+    base = ["algorithm.aggregation.name=token_mean", "algorithm.kl_coef=0.1", "algorithm.entropy_coef=0.01"]
+    plain, masked = _objective(*base), _objective(*base, "algorithm.policy_masks.opsm.delta=0")
+    batch = _batch()
+    train, logp, entropy = _step(plain, batch)
+    ref = batch.rollout_logp_BT - 0.1
+    train_p, _ = plain.prepare(batch, old_logp_BT=train.old_logp_BT, ref_logp_BT=ref)
+    train_m, _ = masked.prepare(batch, old_logp_BT=train.old_logp_BT, ref_logp_BT=ref)
+    assert torch.equal(train_p.weight_BT, train_m.weight_BT)
+    rollout = batch.rollout_logp_BT.clone()
+    rollout[train.adv_BT < 0] = 5.0                 # μ far above π_θ: D > 0 on the negative rows
+    train_m = dataclasses.replace(train_m, rollout_logp_BT=rollout)
+    train_p = dataclasses.replace(train_p, rollout_logp_BT=rollout)
+    out_p, out_m = plain.loss(logp, train_p, entropy), masked.loss(logp, train_m, entropy)
+    assert out_p.metrics["loss/kl"] == out_m.metrics["loss/kl"]
+    assert out_p.metrics["loss/entropy_bonus"] == out_m.metrics["loss/entropy_bonus"]
+    negative_B = (train.adv_BT < 0).any(-1)
+    assert negative_B.any() and float(out_m.metrics["policy_mask/opsm/masked_seq_frac"]) == pytest.approx(
+        float(negative_B.sum()) / float(batch.mask_BT.any(-1).sum()))
+    kept = dataclasses.replace(train_p, weight_BT=torch.where(negative_B[:, None], 0.0, train_p.weight_BT))
+    torch.testing.assert_close(out_m.metrics["loss/policy"], plain.loss(logp, kept, entropy).metrics["loss/policy"])
+
+
+def test_the_entropy_mask_reads_the_entropies_the_objective_is_given():
+    """The 80/20 mask keeps the tokens of highest update-forward entropy: raising one token's entropy above all
+    others puts it in the kept set, and the kept tokens' mean entropy is above the mean of all."""
+    obj = _objective("algorithm.policy_masks.high_entropy.top_ratio=0.1")
+    batch = _batch()
+    train, logp, entropy = _step(obj, batch)
+    entropy[2, 0] = 50.0
+    out = obj.loss(logp, train, entropy)
+    kept_mean = float(out.metrics["policy_mask/high_entropy/entropy_kept_mean"])
+    assert kept_mean >= 50.0 / 4 and kept_mean > float(out.metrics["policy_mask/high_entropy/entropy_all_mean"])
+    with pytest.raises(ValueError, match="entropies"):
+        obj.loss(logp, train)
+
+
+def test_clip_cov_draws_from_seeds_of_the_run_and_leaves_other_runs_streams_alone():
+    """prepare() gives every row a seed from the run's generator (only when a trick draws at random); a micro-batch
+    seeds its draw from its rows' seeds. The same run seed selects the same tokens, another seed other tokens;
+    an objective that draws nothing does not touch the run's generator."""
+    wide = ["algorithm.policy_loss.name=clip_cov", "algorithm.policy_loss.params.clip_cov_lb=-100",
+            "algorithm.policy_loss.params.clip_cov_ub=100", "algorithm.policy_loss.params.clip_cov_ratio=0.3"]
+    obj = _objective("algorithm.aggregation.name=token_mean", *wide)
+    batch = _batch(B=8, T=6, G=2)
+
+    def selected(seed):
+        train, _ = obj.prepare(batch, old_logp_BT=batch.rollout_logp_BT, rng=torch.Generator().manual_seed(seed))
+        logp = batch.rollout_logp_BT - 0.1 * batch.response_ids_BT / 50
+        return obj.loss(logp, train).token_maps["cov_detached_BT"]
+
+    first, again, other = selected(3), selected(3), selected(4)
+    assert first.any() and torch.equal(first, again) and not torch.equal(first, other)
+    rng = torch.Generator().manual_seed(5)
+    state = rng.get_state()
+    _objective().prepare(batch, old_logp_BT=batch.rollout_logp_BT, rng=rng)
+    assert torch.equal(rng.get_state(), state)

@@ -80,6 +80,19 @@ MISMATCH_PANELS = [
 ]
 ENTROPY_PANELS = [Panel("entropy/mean", "mean token entropy", NATS),
                   Panel("entropy/token_max", "max token entropy", "nats")]
+# What the entropy-control tricks act on (algorithms.md §10.4–10.6): the share of tokens each selects and the
+# entropy of those tokens, beside the entropy of all tokens. Logged only by runs that use them.
+SELECTION_PANELS = [
+    Panel("policy_loss/cov_detached_frac", "Clip-Cov: detached", FRACTION_OF_TOKENS),
+    Panel("policy_loss/cov_penalised_frac", "KL-Cov: penalised", FRACTION_OF_TOKENS),
+    Panel("policy_mask/high_entropy/kept_token_frac", "80/20: kept", FRACTION_OF_TOKENS),
+    Panel("policy_mask/opsm/masked_seq_frac", "OPSM: masked responses", "fraction of responses"),
+]
+SELECTED_ENTROPY_PANELS = [
+    Panel("policy_loss/entropy_detached_mean", "entropy, Clip-Cov's detached", NATS),
+    Panel("policy_loss/entropy_penalised_mean", "entropy, KL-Cov's penalised", NATS),
+    Panel("policy_mask/high_entropy/entropy_kept_mean", "entropy, 80/20's kept", NATS),
+]
 
 
 class Figures:
@@ -331,7 +344,21 @@ def _diagnostics_section(records, variants, scenarios, styles, figures: Figures)
         "<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant to "
         "slow its collapse (§8.2.3).</p>",
         figure("entropy", ENTROPY_PANELS, "entropy/*"),
+        _selection_html(records, variants, scenarios, figure),
     ])
+
+
+def _selection_html(records, variants, scenarios, figure) -> str:
+    """The entropy-control and masking tricks at work, when a run used one (algorithms.md §10): the share of
+    tokens or responses each selected per step, and the entropy of the selected tokens (of the update's forward)."""
+    table = _mean_table(records, variants, scenarios, SELECTION_PANELS + SELECTED_ENTROPY_PANELS)
+    if not table:
+        return ""
+    return ("<h3>What the entropy-control and masking tricks selected</h3><p class='note'>Per step: the share of "
+            "tokens Clip-Cov detached, KL-Cov penalised and the 80/20 mask kept, the share of responses OPSM masked, "
+            "and the mean entropy of the selected tokens (compare with the token entropy above). The table averages "
+            "each run's steps, then the seeds (algorithms.md §10).</p>" + table
+            + figure("selection", SELECTED_ENTROPY_PANELS, "the selected tokens' entropy"))
 
 
 # ---------------------------------------------------------------------------------------------- the page

@@ -12,8 +12,13 @@ Axis contracts (shape suffixes as in `literl.batch`):
     kl              (logp_BT, ref_logp_BT, *, ...) -> kl_BT
     is_correction   (old_logp_BT, rollout_logp_BT, mask_BT, *, ...) -> (weight_BT, keep_BT, metrics)
     loss_masks      (mask_BT, truncated_B, *, ...) -> keep_BT
+    policy_masks    (logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, entropy_BT, *, ...) -> (gate_BT, metrics)
     reward_shaping  (rewards_B, lengths_B, truncated_B, *, ...) -> rewards_B
     group_filters   (correct_B, rewards_B, group_B, *, ...) -> keep_B
+
+A trick that needs more of the step than its positional tensors declares keyword `inputs` at registration
+(`literl.registry`), which the objective supplies at each call: `entropy_BT` (the current policy's entropy,
+detached), `generator` (a torch.Generator seeded from the run, for a random selection).
 """
 
 from literl.registry import Registry
@@ -24,6 +29,7 @@ AGGREGATIONS = Registry("aggregation")
 KL_ESTIMATORS = Registry("kl")
 IS_CORRECTIONS = Registry("is_correction")
 LOSS_MASKS = Registry("loss_mask")
+POLICY_MASKS = Registry("policy_mask")
 REWARD_SHAPING = Registry("reward_shaping")
 GROUP_FILTERS = Registry("group_filter")
 
@@ -36,6 +42,7 @@ from literl.tricks import (  # noqa: E402,F401
     kl,
     loss_masks,
     policy_losses,
+    policy_masks,
     reward_shaping,
 )
 
@@ -46,6 +53,7 @@ ALL = {
     "kl": KL_ESTIMATORS,
     "is_correction": IS_CORRECTIONS,
     "loss_mask": LOSS_MASKS,
+    "policy_mask": POLICY_MASKS,
     "reward_shaping": REWARD_SHAPING,
     "group_filter": GROUP_FILTERS,
 }

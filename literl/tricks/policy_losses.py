@@ -14,7 +14,7 @@ plus the loss-specific keys listed in each docstring. Keys ending in `_max`/`_mi
 micro-batches by max/min (over no token they are −inf/+inf, which that reduction ignores), `_BT` keys are
 maps, the rest by token-weighted mean.
 
-Registered: reinforce, ppo_clip, gspo, gspo_token, cispo, minirl.
+Registered: reinforce, ppo_clip, gspo, gspo_token, cispo, minirl, gmpo, sapo, clip_cov, kl_cov.
 """
 
 from __future__ import annotations
@@ -236,3 +236,190 @@ def minirl(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=0.
     metrics.update(is_weight_mean=ops.masked_mean(w_BT, mask_BT), is_weight_max=ops.masked_max(w_BT, mask_BT),
                    is_truncated_frac=ops.masked_mean((raw_BT > cap).float(), mask_BT))
     return _masked(-w_BT * adv_BT * logp_BT, keep_BT), metrics
+
+
+# ---- the newer losses of 2025–26 (newer-losses.md; algorithms.md §10) ---------------------------------------------
+# Their spec is exact arithmetic with no ratio clamp: `log_ratio_clamp=None` keeps it (a number reproduces verl's
+# ±20 where verl clamps). Like every loss here, each returns a per-token loss that the configured aggregation
+# weighs; the docstrings name the aggregation their papers use (the gmpo and sapo presets set it).
+
+# Past this log-ratio σ(τ(ρ − 1)) is 1 in float64 for any τ > 1e-20, so SAPO's value and gradient are unchanged by
+# capping ℓ here; it only keeps exp() finite, so that autograd never multiplies a zero by an infinite ratio.
+_SATURATED_LOG_RATIO = 50.0
+
+
+def _plain_log_ratio(logp_BT, old_logp_BT, clamp):
+    """ℓ = logp − old_logp, clamped to ±clamp only when a clamp is given (None: the spec's exact ℓ)."""
+    log_ratio_BT = logp_BT - old_logp_BT
+    return log_ratio_BT if clamp is None else log_ratio_BT.clamp(-clamp, clamp)
+
+
+def _sequence_advantage(adv_BT, mask_BT):
+    """A_i = mean_t A_it over the valid tokens (the broadcast sequence advantage; 0 for an empty row)."""
+    return ops.masked_mean(adv_BT, mask_BT, dim=-1)
+
+
+@POLICY_LOSSES.register(ranges={"eps_low": ">= 0", "eps_high": ">= 0", "log_ratio_clamp": "> 0"})
+def gmpo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=0.4, eps_high=0.4,
+         log_ratio_clamp=None):
+    """GMPO: maximise the geometric mean of the token ratios of each response, clipped in log space.
+
+        ℓ = logp − old_logp,  ℓ̂ = clamp(ℓ, −eps_low, +eps_high)              (bounds in LOG space: e^±0.4)
+        ℓ̃ = min(ℓ, ℓ̂) if A_i > 0 else max(ℓ, ℓ̂)                              (cap increases / decreases only)
+        s_i = −A_i · exp((1/n_i) Σ_t m·ℓ̃)      on every valid token of row i (an empty row: 0)
+
+    Each valid token carries its sequence's s_i, so seq_mean_token_mean aggregation gives exactly the spec's
+    L = (1/B') Σ_{n_i>0} s_i (the gmpo preset sets it). ∂L/∂logp_it = −A_i·exp(ḡ_i)·live_it/(n_i·B'): every live
+    token of a row gets the same gradient; a clipped one gets 0 but still scales the row through exp(ḡ_i). A_i is
+    the row's mean advantage (the advantage must be sequence-level). Metrics on the token ratios, with binding
+    sets A>0 ∧ ℓ>eps_high and A<0 ∧ ℓ<−eps_low; extra: geo_ratio_mean (exp ḡ_i, token-weighted).
+    Refs: GMPO arXiv:2507.20673 (objective, clip (e^−0.4, e^0.4)); verl compute_policy_loss_geo_mean; TRL GMPOTrainer;
+    newer-losses.md §1; algorithms.md §10.1.
+    """
+    log_ratio_BT = _plain_log_ratio(logp_BT, old_logp_BT, log_ratio_clamp)
+    adv_B = _sequence_advantage(adv_BT, mask_BT)
+    clipped_BT = log_ratio_BT.clamp(-eps_low, eps_high)
+    positive_BT = (adv_B > 0)[:, None].expand_as(log_ratio_BT)
+    capped_BT = torch.where(positive_BT, torch.minimum(log_ratio_BT, clipped_BT),
+                            torch.maximum(log_ratio_BT, clipped_BT))
+    geo_log_B = ops.masked_mean(capped_BT, mask_BT, dim=-1)
+    geo_ratio_B = torch.exp(geo_log_B)
+    loss_BT = _masked((-adv_B * geo_ratio_B)[:, None].expand_as(logp_BT), mask_BT)
+    d_BT = log_ratio_BT.detach()
+    metrics = _ratio_metrics(torch.exp(d_BT), d_BT, adv_BT, mask_BT, math.exp(-eps_low), math.exp(eps_high))
+    metrics["geo_ratio_mean"] = ops.masked_mean(geo_ratio_B.detach()[:, None].expand_as(d_BT), mask_BT)
+    return loss_BT, metrics
+
+
+@POLICY_LOSSES.register(ranges={"tau_pos": "> 0", "tau_neg": "> 0", "log_ratio_clamp": "> 0"})
+def sapo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, tau_pos=1.0, tau_neg=1.05, log_ratio_clamp=None):
+    """SAPO: a smooth, temperature-controlled sigmoid gate of the token ratio instead of a hard clip.
+
+        ρ_t = exp(logp_t − old_logp_t),   τ_t = tau_pos if A_t > 0 else tau_neg
+        loss_t = −(4/τ_t) · σ(τ_t·(ρ_t − 1)) · A_t                      (no clipping)
+        ∂loss_t/∂logp_t = −A_t · 4σ(1−σ) · ρ_t                         (= −A_t on-policy, ρ = 1)
+
+    Aggregate with seq_mean_token_mean (the paper's (1/G) Σ_i (1/|o_i|) Σ_t; the sapo preset sets it). On-policy
+    the value is −2A/τ, not −A: only the gradient equals the plain policy gradient. Far from ρ = 1 the weight
+    decays like 4e^{−τ|ρ−1|} but never reaches 0. No clamp (the spec; log_ratio_clamp=20 reproduces verl); ℓ is
+    capped at 50 only to keep exp finite, where σ is already 1 and the gradient exactly 0.
+    Extra metric: gate_weight_mean = mean 4σ(1−σ) (1 on-policy; how much gradient the gate lets through).
+    Refs: SAPO arXiv:2511.20347 §3; verl compute_policy_loss_sapo; TRL loss_type="sapo"; newer-losses.md §2;
+    algorithms.md §10.2.
+    """
+    log_ratio_BT = _plain_log_ratio(logp_BT, old_logp_BT, log_ratio_clamp).clamp(max=_SATURATED_LOG_RATIO)
+    ratio_BT = torch.exp(log_ratio_BT)
+    tau_BT = torch.where(adv_BT > 0, torch.full_like(ratio_BT, tau_pos), torch.full_like(ratio_BT, tau_neg))
+    gate_BT = torch.sigmoid(tau_BT * (ratio_BT - 1.0))
+    loss_BT = _masked(-(4.0 / tau_BT) * gate_BT * adv_BT, mask_BT)
+    d_BT = log_ratio_BT.detach()
+    metrics = _ratio_metrics(ratio_BT.detach(), d_BT, adv_BT, mask_BT, None, None)
+    g_BT = gate_BT.detach()
+    metrics["gate_weight_mean"] = ops.masked_mean(4.0 * g_BT * (1.0 - g_BT), mask_BT)
+    return loss_BT, metrics
+
+
+def _token_covariance(logp_BT, adv_BT, mask_BT):
+    """Cov_it = (A_it − Ā)(logp_it − l̄), the means over the valid tokens of the tensors given; all detached."""
+    logp_BT = logp_BT.detach()
+    adv_mean = ops.masked_mean(adv_BT, mask_BT)
+    logp_mean = ops.masked_mean(logp_BT, mask_BT)
+    return torch.where(mask_BT, (adv_BT - adv_mean) * (logp_BT - logp_mean), 0.0)
+
+
+def _selection_count(fraction, mask_BT):
+    """max(1, ⌊fraction·N⌋) as a 0-dim tensor, N the valid tokens; ⌊·⌋ taken in float64 (no host sync)."""
+    n = mask_BT.sum().to(torch.float64)
+    return torch.floor(n * fraction).clamp(min=1)
+
+
+def _entropy_metrics(entropy_BT, selected_BT, mask_BT, what):
+    """Entropy of the selected tokens and of all valid ones, as pooled means (exact across micro-batches)."""
+    if entropy_BT is None:
+        return {}
+    h_BT = entropy_BT.detach()
+    return {f"entropy_{what}_mean": ops.pooled_mean(h_BT, selected_BT & mask_BT),
+            "entropy_all_mean": ops.pooled_mean(h_BT, mask_BT)}
+
+
+@POLICY_LOSSES.register(ranges={"clip_cov_ratio": "> 0 and <= 1", "clip_cov_lb": "< clip_cov_ub",
+                                 "eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "log_ratio_clamp": "> 0"},
+                        inputs=("generator", "selected_BT", "entropy_BT"))
+def clip_cov(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+             clip_cov_ub=5.0, eps_low=1.0, eps_high=1.0, selection="random", log_ratio_clamp=None, generator=None,
+             selected_BT=None, entropy_BT=None):
+    """Clip-Cov: detach a few random tokens whose log-prob/advantage covariance is high (entropy control).
+
+        Cov_t = (A_t − Ā)(sg(logp_t) − l̄)          Ā, l̄: means over the valid tokens of the tensors passed
+        p1 = −A·ρ,  p2 = −A·clip(ρ, 1−eps_low, 1+eps_high),  c_t = 1[p2 > p1]            (PPO-clipped)
+        C = {valid t: c_t = 0 ∧ clip_cov_lb < Cov_t < clip_cov_ub}
+        S ⊆ C uniformly at random, |S| = min(max(1, ⌊clip_cov_ratio·N⌋), |C|)
+        loss_t = (1 − 1[t ∈ S]) · max(p1, p2)       (a detached token adds 0 to the value, and stays in N)
+
+    Aggregate with token_mean (the paper's token-level loss). The selection reads the current policy's log-probs
+    (detached) and the advantages of the micro-batch it is given: the covariance that drives the entropy change
+    is that of the policy being updated (the paper; verl computes it on the micro-batch passed to the loss).
+    `generator` (supplied by the objective, seeded from the run) draws S; `selected_BT` overrides S (tests).
+    selection="top" takes the n largest Cov instead (ties: lower index first): deterministic, not the paper's.
+    The default eps 1/1 (clip range [0, 2]) is the authors' recipe; 0.2 gives verl's default PPO clip.
+    Extra metrics: cov_candidate_frac (|C|/N), cov_detached_frac (|S|/N); with entropy_BT (supplied by the
+    objective), entropy_detached_mean and entropy_all_mean. Token map: cov_detached_BT.
+    Refs: Entropy Mechanism arXiv:2505.22617 (Clip-Cov; r = 2e-4, ω = [1, 5]); verl compute_policy_loss_clip_cov;
+    newer-losses.md §5; algorithms.md §10.5.
+    """
+    if selection not in ("random", "top"):
+        raise ValueError(f"clip_cov: selection must be 'random' or 'top', got {selection!r}")
+    log_ratio_BT = _plain_log_ratio(logp_BT, old_logp_BT, log_ratio_clamp)
+    ratio_BT = torch.exp(log_ratio_BT)
+    unclipped_BT = -adv_BT * ratio_BT
+    clipped_BT = -adv_BT * ratio_BT.clamp(1.0 - eps_low, 1.0 + eps_high)
+    cov_BT = _token_covariance(logp_BT, adv_BT, mask_BT)
+    ppo_clipped_BT = (clipped_BT > unclipped_BT).detach()
+    candidate_BT = mask_BT & ~ppo_clipped_BT & (cov_BT > clip_cov_lb) & (cov_BT < clip_cov_ub)
+    if selected_BT is not None:
+        detached_BT = selected_BT.bool() & mask_BT
+    else:
+        if selection == "random":
+            keys_BT = torch.rand(cov_BT.shape, generator=generator, device=cov_BT.device, dtype=torch.float64)
+        else:
+            keys_BT = cov_BT
+        detached_BT = candidate_BT & (ops.descending_rank(keys_BT, candidate_BT) < _selection_count(clip_cov_ratio,
+                                                                                                     mask_BT))
+    loss_BT = torch.where(detached_BT, 0.0, torch.maximum(unclipped_BT, clipped_BT))
+    metrics = _ratio_metrics(ratio_BT.detach(), log_ratio_BT, adv_BT, mask_BT, 1.0 - eps_low, 1.0 + eps_high)
+    metrics.update(cov_candidate_frac=ops.masked_mean(candidate_BT.float(), mask_BT),
+                   cov_detached_frac=ops.masked_mean(detached_BT.float(), mask_BT),
+                   cov_detached_BT=detached_BT, **_entropy_metrics(entropy_BT, detached_BT, mask_BT, "detached"))
+    return _masked(loss_BT, mask_BT), metrics
+
+
+@POLICY_LOSSES.register(ranges={"kl_cov_ratio": "> 0 and <= 1", "ppo_kl_coef": ">= 0", "log_ratio_clamp": "> 0"},
+                        inputs=("entropy_BT",))
+def kl_cov(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, kl_cov_ratio=2e-4, ppo_kl_coef=1.0,
+           log_ratio_clamp=None, entropy_BT=None):
+    """KL-Cov: a |log ρ| penalty toward π_old on the tokens of highest log-prob/advantage covariance.
+
+        Cov_t as in clip_cov (current log-probs, detached; means over the valid tokens of the tensors passed)
+        S = the k = max(1, ⌊kl_cov_ratio·N⌋) valid tokens of largest Cov (ties: lower row-major index first)
+        loss_t = −A_t·ρ_t + ppo_kl_coef · |logp_t − old_logp_t| · 1[t ∈ S]          (no ratio clipping at all)
+
+    Aggregate with token_mean. ∂/∂logp of the penalty is ppo_kl_coef·sign(ℓ) (0 at ℓ = 0), so on the first,
+    on-policy mini-batch (ρ ≡ 1) the gradient is the plain policy gradient: the penalty acts on later mini-batches.
+    |log ρ| (absolute k1) is the codes' proxy for the paper's D_KL(π_old‖π_θ). κ is a fraction (the authors'
+    repo takes percent); the paper uses 2e-3 at 7B, 2e-4 at 32B; verl's config defaults ppo_kl_coef to 0.1.
+    Extra metrics: cov_penalised_frac (|S|/N), kl_penalty_mean (|ℓ| over S, pooled); with entropy_BT,
+    entropy_penalised_mean and entropy_all_mean. Token map: cov_penalised_BT.
+    Refs: Entropy Mechanism arXiv:2505.22617 (KL-Cov; k = 2e-3 / 2e-4, β = 1); verl compute_policy_loss_kl_cov;
+    newer-losses.md §6; algorithms.md §10.6.
+    """
+    log_ratio_BT = _plain_log_ratio(logp_BT, old_logp_BT, log_ratio_clamp)
+    ratio_BT = torch.exp(log_ratio_BT)
+    cov_BT = _token_covariance(logp_BT, adv_BT, mask_BT)
+    penalised_BT = mask_BT & (ops.descending_rank(cov_BT, mask_BT) < _selection_count(kl_cov_ratio, mask_BT))
+    penalty_BT = torch.where(penalised_BT, log_ratio_BT.abs(), 0.0)
+    loss_BT = -adv_BT * ratio_BT + ppo_kl_coef * penalty_BT
+    metrics = _ratio_metrics(ratio_BT.detach(), log_ratio_BT, adv_BT, mask_BT, None, None)
+    metrics.update(cov_penalised_frac=ops.masked_mean(penalised_BT.float(), mask_BT),
+                   kl_penalty_mean=ops.pooled_mean(penalty_BT.detach(), penalised_BT),
+                   cov_penalised_BT=penalised_BT, **_entropy_metrics(entropy_BT, penalised_BT, mask_BT, "penalised"))
+    return _masked(loss_BT, mask_BT), metrics

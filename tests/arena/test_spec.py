@@ -13,7 +13,7 @@ from literl.registry import ConfigError
 
 MINIMAL = {"preset": "lite_ppo", "baseline": "a", "seeds": 2,
            "variants": {"a": {"algorithm.advantage.name": "grpo"}, "b": {"algorithm.advantage.name": "dr_grpo"}}}
-SHIPPED = ["advantage_norm", "clip_higher", "loss_aggregation", "overlong_filter", "presets"]
+SHIPPED = ["advantage_norm", "clip_higher", "loss_aggregation", "overlong_filter", "presets", "entropy_control"]
 
 
 def spec_with(**changes):

@@ -7,7 +7,10 @@ import math
 import pytest
 import torch
 
+from literl import ops
 from literl.tricks import AGGREGATIONS, POLICY_LOSSES
+from tests.tricks.toy_batch_e import aggregate, batch_e
+from tests.tricks.toy_batch_e import close as close64
 
 L = math.log
 
@@ -281,6 +284,8 @@ def test_metric_keys(name):
     for key, value in metrics.items():
         if key.endswith("_BT"):
             assert value.dtype == torch.bool and value.shape == (6, 7)
+        elif isinstance(value, ops.Ratio):      # a pooled mean over its own count (exact across micro-batches)
+            assert math.isfinite(float(value))
         else:
             assert value.dim() == 0 and not value.requires_grad and torch.isfinite(value)
 
@@ -305,3 +310,241 @@ def test_cispo_paper_notation_sets_the_bounds():
         loss, _ = fn(lp, old, old, adv, mask)
         loss.sum().backward()
         torch.testing.assert_close(lp.grad, -torch.tensor([[0.5, 1.0, 1.2]]))
+
+
+# ---- the newer losses (newer-losses.md §1, §2, §5, §6), on the shared toy batch E, in float64 ---------------------
+
+E = math.exp
+
+
+def run_e(name, how, *, inputs=None, overrides=None, **params):
+    """(L, ∂L/∂logp, metrics) of `name` on batch E (fields replaced by `overrides`), aggregated the spec's way."""
+    b = {**batch_e(), **(overrides or {})}
+    logp = b["logp"].clone().requires_grad_(True)
+    loss_BT, metrics = POLICY_LOSSES.build(name, params)(logp, b["old"], b["rollout"], b["adv"], b["mask"],
+                                                          **(inputs or {}))
+    assert (loss_BT[~b["mask"]] == 0).all()
+    total = aggregate(loss_BT, b["mask"], how)
+    (grad,) = torch.autograd.grad(total, logp)
+    return total.detach(), grad, metrics
+
+
+def test_gmpo_hand():
+    """Batch E, ε_low = ε_high = 0.4 (log space), SM over B' = 2 rows (seq_mean_token_mean of s_i per token).
+    Row 0 (A = +1): ℓ = [0.5, 0, −0.5] → ℓ̂ = [0.4, 0, −0.4] → ℓ̃ = min = [0.4, 0, −0.5];
+        ḡ₀ = (0.4 + 0 − 0.5)/3 = −1/30 → e^ḡ₀ = 0.967216, s₀ = −0.967216.
+    Row 1 (A = −0.5): ℓ = [−0.5, −0.3] → ℓ̂ = [−0.4, −0.3] → ℓ̃ = max = [−0.4, −0.3];
+        ḡ₁ = −0.35 → e^ḡ₁ = 0.704688, s₁ = +0.5·0.704688 = 0.352344.
+    L = (−0.967216 + 0.352344)/2 = −0.307436.
+    g = −(A/B')·e^ḡ·live/n: g[0,1] = g[0,2] = −(1/2)(0.967216)/3 = −0.161203; g[0,0] = 0 (0.5 > 0.4);
+        g[1,1] = +(0.5/2)(0.704688)/2 = 0.088086; g[1,0] = 0 (−0.5 < −0.4); padding 0.
+    """
+    loss, grad, metrics = run_e("gmpo", "seq_mean_token_mean")
+    close64(loss, (-E(-1 / 30) + 0.5 * E(-0.35)) / 2, atol=1e-12)
+    close64(loss, -0.307436)
+    close64(grad, [[0.0, -E(-1 / 30) / 6, -E(-1 / 30) / 6], [0.0, 0.5 * E(-0.35) / 4, 0.0]], atol=1e-12)
+    close64(grad, [[0.0, -0.161203, -0.161203], [0.0, 0.088086, 0.0]])
+    close64(metrics["clipfrac_binding_high"], 1 / 5)       # (0,0): A > 0, ℓ = 0.5 > 0.4
+    close64(metrics["clipfrac_binding_low"], 1 / 5)        # (1,0): A < 0, ℓ = −0.5 < −0.4
+
+
+def test_gmpo_edge_cases():
+    """On-policy (r = 1): L = −(1/B')ΣA = −(1 − 0.5)/2 = −0.25, g = −A/(B'·n) = [−1/6 ×3], [+1/8 ×2].
+    An empty row adds nothing and leaves B' (rows [A=1 n=3], [empty]): L = −1, g = −1/3 per token.
+    A = 0 on every row: L = 0 and g = 0. Every token of row 0 clipped (ℓ = [0.5, 0.6, 0.7] > 0.4, A = 1):
+    s₀ = −e^0.4 is a constant, g = 0. ℓ = ε_high exactly (A = 1) is live: g = −e^0.4/1."""
+    b = batch_e()
+    loss, grad, _ = run_e("gmpo", "seq_mean_token_mean", overrides={"old": b["logp"]})
+    close64(loss, -0.25, atol=1e-12)
+    close64(grad, [[-1 / 6] * 3, [1 / 8, 1 / 8, 0.0]], atol=1e-12)
+    empty = torch.tensor([[1, 1, 1], [0, 0, 0]], dtype=torch.bool)
+    loss, grad, _ = run_e("gmpo", "seq_mean_token_mean", overrides={"old": b["logp"], "mask": empty,
+                                                                     "adv": torch.where(empty, b["adv"], 0.0)})
+    close64(loss, -1.0, atol=1e-12)
+    close64(grad, [[-1 / 3] * 3, [0.0] * 3], atol=1e-12)
+    loss, grad, _ = run_e("gmpo", "seq_mean_token_mean", overrides={"adv": torch.zeros(2, 3, dtype=torch.float64)})
+    assert float(loss) == 0.0 and not grad.any()
+    f64 = torch.float64
+    one_row = {"logp": torch.tensor([[0.5, 0.6, 0.7]], dtype=f64), "old": torch.zeros(1, 3, dtype=f64),
+               "rollout": torch.zeros(1, 3, dtype=f64), "mask": torch.ones(1, 3, dtype=torch.bool),
+               "adv": torch.ones(1, 3, dtype=f64)}
+    loss, grad, _ = run_e("gmpo", "seq_mean_token_mean", overrides=one_row)
+    close64(loss, -E(0.4), atol=1e-12)
+    assert not grad.any()
+    boundary = {"logp": torch.tensor([[0.4]], dtype=f64), "old": torch.zeros(1, 1, dtype=f64),
+                "rollout": torch.zeros(1, 1, dtype=f64), "mask": torch.ones(1, 1, dtype=torch.bool),
+                "adv": torch.ones(1, 1, dtype=f64)}
+    _, grad, _ = run_e("gmpo", "seq_mean_token_mean", overrides=boundary)
+    close64(grad, [[-E(0.4)]], atol=1e-12)
+
+
+def test_sapo_hand():
+    """Batch E, τ_pos = 1, τ_neg = 1.05, SMTM over B' = 2.
+    Row 0 (A = 1, τ = 1): r = [1.648721, 1, 0.606531], σ(r − 1) = [0.656722, 0.5, 0.402882], q = −4σ =
+        [−2.626889, −2, −1.611530]; row mean −2.079473.
+    Row 1 (A = −0.5, τ = 1.05): σ(1.05(r − 1)) = [0.398159, 0.432382], f = (4/1.05)σ = [1.516795, 1.647168],
+        q = 0.5f = [0.758398, 0.823584]; row mean 0.790991.
+    L = (−2.079473 + 0.790991)/2 = −0.644241.
+    g = −A·4σ(1−σ)·r/(n·B'): g[0,0] = −4(0.656722)(0.343278)(1.648721)/6 = −0.247790, g[0,1] = −1/6,
+        g[1,1] = 0.5·4(0.432382)(0.567618)(0.740818)/4 = 0.090909.
+    """
+    loss, grad, metrics = run_e("sapo", "seq_mean_token_mean")
+    σ0 = [1 / (1 + E(-(r - 1))) for r in (E(0.5), 1.0, E(-0.5))]
+    σ1 = [1 / (1 + E(-1.05 * (r - 1))) for r in (E(-0.5), E(-0.3))]
+    exact = (-4 * sum(σ0) / 3 + 0.5 * (4 / 1.05) * sum(σ1) / 2) / 2
+    close64(loss, exact, atol=1e-12)
+    close64(loss, -0.644241)
+    close64(grad[0, 0], -4 * σ0[0] * (1 - σ0[0]) * E(0.5) / 6, atol=1e-12)
+    close64(grad[0, 0], -0.247790)
+    close64(grad[0, 1], -1 / 6, atol=1e-12)
+    close64(grad[1, 1], 0.5 * 4 * σ1[1] * (1 - σ1[1]) * E(-0.3) / 4, atol=1e-12)
+    close64(grad[1, 1], 0.090909)
+    assert grad[1, 2] == 0.0
+    close64(metrics["gate_weight_mean"], (sum(4 * s * (1 - s) for s in σ0) + sum(4 * s * (1 - s) for s in σ1)) / 5,
+            atol=1e-7)
+
+
+def test_sapo_edge_cases():
+    """r = 1: the value is −2A/τ (row 0: −2, row 1: +0.5·2/1.05), NOT −A, while g = −A/(n·B') as plain PG.
+    A = 0: zero loss and gradient. ℓ = ±100 (e^100 overflows float32): finite value 4/τ·σ, gradient exactly 0 on
+    the saturated side. log_ratio_clamp = 20 (verl) clamps ℓ: a token at ℓ = 25 gets gradient 0 (with τ = 1e-12,
+    τ(r − 1) = 0.072 is far from saturating, so without the clamp its gradient is not 0: checked too)."""
+    b = batch_e()
+    loss, grad, _ = run_e("sapo", "seq_mean_token_mean", overrides={"old": b["logp"]})
+    close64(loss, (-2.0 + 0.5 * 2 / 1.05) / 2, atol=1e-12)
+    close64(grad, [[-1 / 6] * 3, [1 / 8, 1 / 8, 0.0]], atol=1e-12)
+    loss, grad, _ = run_e("sapo", "seq_mean_token_mean", overrides={"adv": torch.zeros(2, 3, dtype=torch.float64)})
+    assert float(loss) == 0.0 and not grad.any()
+    logp = torch.tensor([[100.0, -100.0]], requires_grad=True)
+    loss_BT, _ = POLICY_LOSSES.get("sapo")(logp, torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[-1.0, 1.0]]),
+                                           torch.ones(1, 2, dtype=torch.bool))
+    loss_BT.sum().backward()
+    assert torch.isfinite(loss_BT).all() and torch.isfinite(logp.grad).all()
+    close64(loss_BT[0, 0], 4 / 1.05, atol=1e-6)          # −A·(4/τ)·σ(∞) with A = −1, τ = 1.05
+    assert logp.grad[0, 0] == 0.0
+    logp = torch.tensor([[25.0]], dtype=torch.float64, requires_grad=True)
+    loss_BT, _ = POLICY_LOSSES.build("sapo", {"log_ratio_clamp": 20.0, "tau_neg": 1e-12})(
+        logp, torch.zeros(1, 1, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64),
+        -torch.ones(1, 1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.bool))
+    loss_BT.sum().backward()
+    assert logp.grad[0, 0] == 0.0
+    logp = torch.tensor([[25.0]], dtype=torch.float64, requires_grad=True)
+    loss_BT, _ = POLICY_LOSSES.build("sapo", {"tau_neg": 1e-12})(
+        logp, torch.zeros(1, 1, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64),
+        -torch.ones(1, 1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.bool))
+    loss_BT.sum().backward()
+    assert logp.grad[0, 0] > 0.0
+
+
+def test_clip_cov_hand():
+    """Batch E, ε_low = ε_high = 1 (the recipe), ρ_c = 2e-4, TM over N = 5.
+    Ā = (1 + 1 + 1 − 0.5 − 0.5)/5 = 0.4, l̄ = (−0.7 − 0.5 − 2.0 − 0.6 − 1.3)/5 = −1.02;
+    Cov = [[0.6·0.32, 0.6·0.52, 0.6·(−0.98)], [(−0.9)(0.42), (−0.9)(−0.28)]]
+        = [[0.192, 0.312, −0.588], [−0.378, 0.252]].
+    Default band (1, 5): nothing selected → plain PPO with ε = 1: q = −A·r = [[−1.648721, −1, −0.606531], [0.303265,
+        0.370409]], L = −2.581578/5 = −0.516315.
+    Band (0.2, 0.3): C = {(1,1)} (r = 0.740818 ∈ [0, 2], not PPO-clipped); n_clip = max(1, ⌊0.001⌋) = 1 → S = C.
+        q[1,1] = 0 → L = (−1.648721 − 1 − 0.606531 + 0.303265)/5 = −0.590397; g[1,1] = 0, g[0,0] = −1.648721/5
+        = −0.329744, g[1,0] = 0.5·0.606531/5 = 0.060653.
+    Band (0.2, 0.35): C = {(0,1), (1,1)}, one drawn: L = −0.590397 with (1,1), −0.316316 with (0,1) (injected).
+    """
+    r = [[E(0.5), 1.0, E(-0.5)], [E(-0.5), E(-0.3)]]
+    q = [-r[0][0], -r[0][1], -r[0][2], 0.5 * r[1][0], 0.5 * r[1][1]]
+    loss, _, metrics = run_e("clip_cov", "token_mean")
+    close64(loss, sum(q) / 5, atol=1e-12)
+    close64(loss, -0.516315)
+    assert float(metrics["cov_candidate_frac"]) == 0.0 and float(metrics["cov_detached_frac"]) == 0.0
+    loss, grad, metrics = run_e("clip_cov", "token_mean", clip_cov_lb=0.2, clip_cov_ub=0.3)
+    close64(loss, (sum(q) - q[4]) / 5, atol=1e-12)
+    close64(loss, -0.590397)
+    close64(grad, [[-r[0][0] / 5, -0.2, -r[0][2] / 5], [0.5 * r[1][0] / 5, 0.0, 0.0]], atol=1e-12)
+    close64(grad[0, 0], -0.329744)
+    close64(grad[1, 0], 0.060653)
+    close64(metrics["cov_detached_frac"], 1 / 5)
+    assert metrics["cov_detached_BT"].tolist() == [[False, False, False], [False, True, False]]
+    pick_01 = torch.tensor([[0, 1, 0], [0, 0, 0]], dtype=torch.bool)
+    loss, grad, _ = run_e("clip_cov", "token_mean", inputs={"selected_BT": pick_01}, clip_cov_lb=0.2,
+                          clip_cov_ub=0.35)
+    close64(loss, (sum(q) - q[1]) / 5, atol=1e-12)
+    close64(loss, -0.316316)
+    assert grad[0, 1] == 0.0 and grad[1, 1] != 0.0
+
+
+def test_clip_cov_draws_its_token_with_the_generator_it_is_given():
+    """Band (0.2, 0.35) on batch E: C = {(0,1), (1,1)}, n_clip = 1. The same seed picks the same token; over 400
+    seeds each candidate is picked about half the time (binomial(400, ½): 200 ± 10, so [150, 250] fails with
+    probability < 1e-6); selection="top" takes the larger Cov, (0,1) (0.312 > 0.252), every time."""
+    picks = []
+    for seed in range(400):
+        draws = [run_e("clip_cov", "token_mean", inputs={"generator": torch.Generator().manual_seed(seed)},
+                       clip_cov_lb=0.2, clip_cov_ub=0.35)[2]["cov_detached_BT"] for _ in range(2)]
+        assert torch.equal(draws[0], draws[1]) and int(draws[0].sum()) == 1
+        picks.append(bool(draws[0][0, 1]))
+    assert 150 <= sum(picks) <= 250
+    _, _, m = run_e("clip_cov", "token_mean", clip_cov_lb=0.2, clip_cov_ub=0.35, selection="top")
+    assert m["cov_detached_BT"].tolist() == [[False, True, False], [False, False, False]]
+
+
+def test_clip_cov_edge_cases():
+    """Uniform advantages (A = 1 on every valid token): Cov ≡ 0, C = ∅ (ω_low = 1 > 0) → exactly ppo_clip with
+    ε = 1. No valid token: L = 0, nothing selected. A PPO-clipped token is never a candidate: with ε = 0.2 and
+    the band (0.2, 0.35), (1,1) (r = 0.741 < 0.8, A < 0) is clipped, so C = {(0,1)} and S = {(0,1)}.
+    n_clip ≥ 1: ρ_c·N = 2e-4·5 = 0.001 still detaches one token."""
+    b = batch_e()
+    ones = torch.where(b["mask"], 1.0, 0.0).to(torch.float64)
+    loss, grad, _ = run_e("clip_cov", "token_mean", overrides={"adv": ones})
+    ppo_loss, ppo_grad, _ = run_e("ppo_clip", "token_mean", overrides={"adv": ones}, eps_low=1.0, eps_high=1.0)
+    close64(loss, ppo_loss, atol=1e-15)
+    close64(grad, ppo_grad, atol=1e-15)
+    none = torch.zeros(2, 3, dtype=torch.bool)
+    zeros = torch.zeros(2, 3, dtype=torch.float64)
+    loss, grad, m = run_e("clip_cov", "token_mean", overrides={"mask": none, "adv": zeros})
+    assert float(loss) == 0.0 and not grad.any() and not m["cov_detached_BT"].any()
+    _, _, m = run_e("clip_cov", "token_mean", clip_cov_lb=0.2, clip_cov_ub=0.35, eps_low=0.2, eps_high=0.2)
+    assert m["cov_detached_BT"].tolist() == [[False, True, False], [False, False, False]]
+
+
+def test_kl_cov_hand():
+    """Batch E, κ = 0.4 → k = ⌊2.0⌋ = 2, β = 1, TM over N = 5. Cov ranking 0.312 (0,1) > 0.252 (1,1) > 0.192 (0,0)
+    > −0.378 > −0.588 → S = {(0,1), (1,1)}.
+    q = −A·r + β|ℓ|·1[S]: (0,0) −1.648721, (0,1) −1 + |0| = −1, (0,2) −0.606531, (1,0) 0.303265,
+        (1,1) 0.5·0.740818 + |−0.3| = 0.670409.  L = −2.281577/5 = −0.456315.
+    g = (−A·r + β·sign(ℓ)·1[S])/N: g[1,1] = (0.370409 − 1)/5 = −0.125918; g[0,1] = (−1 + 0)/5 = −0.2 (abs has
+        subgradient 0 at ℓ = 0); others −A·r/5.
+    """
+    r = [[E(0.5), 1.0, E(-0.5)], [E(-0.5), E(-0.3)]]
+    loss, grad, metrics = run_e("kl_cov", "token_mean", kl_cov_ratio=0.4)
+    close64(loss, (-r[0][0] - 1 - r[0][2] + 0.5 * r[1][0] + 0.5 * r[1][1] + 0.3) / 5, atol=1e-12)
+    close64(loss, -0.456315)
+    close64(grad, [[-r[0][0] / 5, -0.2, -r[0][2] / 5], [0.5 * r[1][0] / 5, (0.5 * r[1][1] - 1) / 5, 0.0]], atol=1e-12)
+    close64(grad[1, 1], -0.125918)
+    assert metrics["cov_penalised_BT"].tolist() == [[False, True, False], [False, True, False]]
+    close64(metrics["cov_penalised_frac"], 2 / 5)
+    close64(float(metrics["kl_penalty_mean"]), 0.15, atol=1e-12)      # (|0| + |−0.3|)/2
+
+
+def test_kl_cov_edge_cases():
+    """Ties: A = [1, 1] makes Cov ≡ 0; κ = 0.2 → k = 1 and the lowest index (0,0) is penalised:
+    q[0,0] = −1.648721 + |0.5| = −1.148721. No valid token: L = 0. On-policy (r ≡ 1, ℓ ≡ 0) the gradient is the
+    unclipped policy gradient −A/N whatever is selected: [[−0.2 ×3], [0.1 ×2]]."""
+    b = batch_e()
+    ones = torch.where(b["mask"], 1.0, 0.0).to(torch.float64)
+    logp = b["logp"].clone().requires_grad_(True)
+    loss_BT, m = POLICY_LOSSES.build("kl_cov", {"kl_cov_ratio": 0.2})(logp, b["old"], b["rollout"], ones, b["mask"])
+    close64(loss_BT[0, 0], -E(0.5) + 0.5, atol=1e-12)
+    close64(loss_BT[0, 0], -1.148721)
+    assert m["cov_penalised_BT"].tolist() == [[True, False, False], [False, False, False]]
+    none = torch.zeros(2, 3, dtype=torch.bool)
+    zeros = torch.zeros(2, 3, dtype=torch.float64)
+    loss, grad, _ = run_e("kl_cov", "token_mean", overrides={"mask": none, "adv": zeros})
+    assert float(loss) == 0.0 and not grad.any()
+    _, grad, _ = run_e("kl_cov", "token_mean", overrides={"old": b["logp"]}, kl_cov_ratio=1.0)
+    close64(grad, [[-0.2] * 3, [0.1, 0.1, 0.0]], atol=1e-15)
+
+
+HAND_CASES.update({
+    "gmpo": test_gmpo_hand,
+    "sapo": test_sapo_hand,
+    "clip_cov": test_clip_cov_hand,
+    "kl_cov": test_kl_cov_hand,
+})

@@ -20,9 +20,11 @@ ALGORITHMS_MD = HERE.parents[1] / "docs" / "algorithms.md"
 TEST_FILE = {
     "advantage": "test_advantages.py", "policy_loss": "test_policy_losses.py", "aggregation": "test_aggregation.py",
     "kl": "test_kl.py", "is_correction": "test_is_correction.py", "loss_mask": "test_loss_masks.py",
-    "reward_shaping": "test_reward_shaping.py", "group_filter": "test_group_filters.py",
+    "policy_mask": "test_policy_masks.py", "reward_shaping": "test_reward_shaping.py",
+    "group_filter": "test_group_filters.py",
 }
 CONTEXT = {"max_new_tokens": 8}  # run constants some entries take from the build context
+REQUIRED = {"delta": 0.1}        # a value for each parameter that has no default (OPSM's δ)
 ENTRIES = [(axis, name) for axis, registry in ALL.items() for name in registry.names()]
 
 
@@ -121,6 +123,12 @@ def run_axis(axis, fn, rewards_B, group_B, mask_BT):
         weight, keep, metrics = fn(old, rollout, mask_BT)
         assert not (keep & ~mask_BT).any()
         return [weight, metrics]
+    if axis == "policy_mask":
+        adv = torch.where(mask_BT, torch.randn(B, 1, generator=g).expand(B, T), torch.zeros(()))
+        entropy = torch.rand(B, T, generator=g)
+        gate, metrics = fn(logp, old, rollout, adv, mask_BT, entropy)
+        assert gate.shape == (B, T) and (gate[~mask_BT] == 0).all() and not gate.requires_grad
+        return [gate, metrics]
     if axis == "loss_mask":
         keep = fn(mask_BT, torch.tensor([True, False, False, True]))
         assert keep.dtype == torch.bool and not (keep & ~mask_BT).any()
@@ -137,6 +145,6 @@ def run_axis(axis, fn, rewards_B, group_B, mask_BT):
 @pytest.mark.parametrize("axis,name", ENTRIES)
 def test_edge_cases_are_finite(axis, name, kind):
     rewards, groups, mask = scenario(kind)
-    fn = ALL[axis].build(name, {}, context=CONTEXT)
+    fn = ALL[axis].build(name, {k: REQUIRED[k] for k in ALL[axis].required_of(name)}, context=CONTEXT)
     outputs = run_axis(axis, fn, torch.tensor(rewards), torch.tensor(groups), torch.tensor(mask, dtype=torch.bool))
     finite(*outputs)
