@@ -207,6 +207,9 @@ def validate(cfg: Config) -> None:
     if algo.policy_loss.name == "gmpo" and algo.aggregation.name != "seq_mean_token_mean":
         warnings.warn(f"gmpo puts its per-sequence loss on every token and is defined with seq_mean_token_mean "
                       f"aggregation (algorithms.md §10.1); {algo.aggregation.name} weights each sequence by its length")
+    if algo.policy_loss.name in ("clip_cov", "kl_cov") and algo.aggregation.name != "token_mean":
+        warnings.warn(f"{algo.policy_loss.name} is defined with token_mean aggregation (the paper's token-level loss, "
+                      f"algorithms.md §10.5-10.6); {algo.aggregation.name} weighs tokens differently")
     if algo.policy_loss.name == "kl_cov" and t.minibatches == 1 and not algo.bypass_mode:
         warnings.warn("kl_cov's |log ρ| penalty has zero gradient while ρ = 1, and with trainer.minibatches=1 every "
                       "update is on-policy: the run is the plain policy gradient (algorithms.md §10.6); set "

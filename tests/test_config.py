@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from literl.config_loader import (HF_MODEL_LR, TESTBED_LR, explain, from_yaml_file, load_config, preset_names,
@@ -310,3 +312,13 @@ def test_gmpo_without_its_aggregation_and_kl_cov_on_policy_warn():
         load_config(overrides=["algorithm.policy_loss.name=gmpo", "algorithm.aggregation.name=token_mean"])
     with pytest.warns(UserWarning, match="kl_cov's"):
         load_config(overrides=["algorithm.policy_loss.name=kl_cov", "trainer.minibatches=1"])
+
+
+@pytest.mark.parametrize("name", ["clip_cov", "kl_cov"])
+def test_covariance_losses_warn_without_token_mean_and_not_with_it(name):
+    with pytest.warns(UserWarning, match=f"{name} is defined with token_mean"):
+        load_config(overrides=[f"algorithm.policy_loss.name={name}", "trainer.minibatches=2"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(overrides=[f"algorithm.policy_loss.name={name}", "algorithm.aggregation.name=token_mean",
+                               "trainer.minibatches=2"])

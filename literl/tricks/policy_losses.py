@@ -254,6 +254,13 @@ def _plain_log_ratio(logp_BT, old_logp_BT, clamp):
     return log_ratio_BT if clamp is None else log_ratio_BT.clamp(-clamp, clamp)
 
 
+def _valid_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp):
+    """`_plain_log_ratio` with ℓ := 0 at masked positions. A masked token may hold any log-ratio (padding, or a token
+    a loss mask removed with an extreme ratio); exp() of it could overflow, and autograd's 0 · inf would put a NaN
+    in the gradient at that position, where the spec's gradient is 0 (newer-losses.md §0)."""
+    return torch.where(mask_BT, _plain_log_ratio(logp_BT, old_logp_BT, clamp), 0.0)
+
+
 def _sequence_advantage(adv_BT, mask_BT):
     """A_i = mean_t A_it over the valid tokens (the broadcast sequence advantage; 0 for an empty row)."""
     return ops.masked_mean(adv_BT, mask_BT, dim=-1)
@@ -369,7 +376,7 @@ def clip_cov(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, clip_cov
     """
     if selection not in ("random", "top"):
         raise ValueError(f"clip_cov: selection must be 'random' or 'top', got {selection!r}")
-    log_ratio_BT = _plain_log_ratio(logp_BT, old_logp_BT, log_ratio_clamp)
+    log_ratio_BT = _valid_log_ratio(logp_BT, old_logp_BT, mask_BT, log_ratio_clamp)
     ratio_BT = torch.exp(log_ratio_BT)
     unclipped_BT = -adv_BT * ratio_BT
     clipped_BT = -adv_BT * ratio_BT.clamp(1.0 - eps_low, 1.0 + eps_high)
@@ -412,7 +419,7 @@ def kl_cov(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, kl_cov_rat
     Refs: Entropy Mechanism arXiv:2505.22617 (KL-Cov; k = 2e-3 / 2e-4, β = 1); verl compute_policy_loss_kl_cov;
     newer-losses.md §6; algorithms.md §10.6.
     """
-    log_ratio_BT = _plain_log_ratio(logp_BT, old_logp_BT, log_ratio_clamp)
+    log_ratio_BT = _valid_log_ratio(logp_BT, old_logp_BT, mask_BT, log_ratio_clamp)
     ratio_BT = torch.exp(log_ratio_BT)
     cov_BT = _token_covariance(logp_BT, adv_BT, mask_BT)
     penalised_BT = mask_BT & (ops.descending_rank(cov_BT, mask_BT) < _selection_count(kl_cov_ratio, mask_BT))

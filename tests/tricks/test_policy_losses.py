@@ -542,6 +542,25 @@ def test_kl_cov_edge_cases():
     close64(grad, [[-0.2] * 3, [0.1, 0.1, 0.0]], atol=1e-15)
 
 
+@pytest.mark.parametrize("name", ["clip_cov", "kl_cov"])
+def test_covariance_losses_give_a_masked_token_with_an_extreme_log_ratio_a_zero_gradient(name):
+    """Batch E with old_logp[0,2] = −100 and that token masked: ℓ[0,2] = 98, whose ratio overflows float32. The spec's
+    gradient at a masked position is 0 (newer-losses.md §0, §5, §6); the valid tokens keep batch E's values, so the
+    loss equals the one with (0,2) simply masked and its original old_logp."""
+    b = {k: v.float() if v.is_floating_point() else v for k, v in batch_e().items()}
+    mask = b["mask"].clone()
+    mask[0, 2] = False
+    extreme = b["old"].clone()
+    extreme[0, 2] = -100.0
+    fn = POLICY_LOSSES.build(name, {"selection": "top"} if name == "clip_cov" else {})
+    logp = b["logp"].clone().requires_grad_(True)
+    loss_BT, _ = fn(logp, extreme, b["rollout"], b["adv"], mask)
+    loss_BT.sum().backward()
+    assert torch.isfinite(logp.grad).all() and logp.grad[0, 2] == 0.0
+    reference_BT, _ = fn(b["logp"], b["old"], b["rollout"], b["adv"], mask)
+    assert torch.equal(loss_BT.detach(), reference_BT)
+
+
 HAND_CASES.update({
     "gmpo": test_gmpo_hand,
     "sapo": test_sapo_hand,
