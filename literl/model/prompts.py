@@ -118,7 +118,8 @@ def compiled_prompt_layers():
     it, element-wise work fused across layer boundaries); one prompt or a width of one runs eagerly, and so do
     passes that route MoE layers (recorded or replayed routes)."""
     return compile_for_varying_sizes(
-        prompt_layers, eager_when=lambda decoder, hidden_UXH, cos, sin, bias, routes: routes is not None or min(
+        prompt_layers, name="the prompts' layers",
+        eager_when=lambda decoder, hidden_UXH, cos, sin, bias, routes: routes is not None or min(
             hidden_UXH.shape[0], hidden_UXH.shape[1]) < 2)
 
 
