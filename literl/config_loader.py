@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from yaml import YAMLError
 
-from literl.config import Config, TrickSpec
+from literl.config import ENGINE_CHOICE_ON_GPU, Config, TrickSpec
 from literl.config_rules import MULTI_TRICKS, SINGLE_TRICKS, validate
 from literl.profiles import HF_MODEL_LR, TESTBED_LR  # noqa: F401 - re-exported (tests, older imports)
 from literl.registry import ConfigError
@@ -444,6 +444,7 @@ def explain() -> str:
               "  file or as algorithm.reward_shaping={...}, replaces the earlier map ({} clears it); a dotted key",
               "  merges into one entry (algorithm.reward_shaping.rescale.low=-1); algorithm.reward_shaping.NAME=null",
               "  or ~algorithm.reward_shaping.NAME removes one entry."]
+    lines += ["", *ENGINE_CHOICE_ON_GPU]
     lines.append("\nTricks (algorithm.<axis>.name, algorithm.<axis>.params.<param>):")
     for axis, registry in ALL.items():
         lines.append(f"  {axis}:")
