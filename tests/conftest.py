@@ -17,6 +17,16 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA: without it they are skipped (and say so)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def tiny_qwen3_config(vocab_size: int = 100, **overrides):
     from transformers import Qwen3Config
 
