@@ -69,3 +69,15 @@ def _call_compiled(compiled: Callable, args: tuple):
         return compiled(*args)
     finally:
         fx_config.use_duck_shape, dynamo_config.specialize_float = prior
+
+
+def compiles_layer_by_layer(device_type: str) -> bool:
+    """Whether `torch.compile` takes a pass over every layer (the decode step, the prompts' pass) one layer at a
+    time, one graph serving every layer, rather than as one graph of all the layers.
+
+    On CPU one graph of all layers: inductor fuses across the layers' boundaries and dynamo's ~0.3 ms per call is
+    paid once per pass, not once per layer (measured on the step benchmark, docs/speed.md). Elsewhere one layer:
+    a graph of every layer is unrolled over the model's depth, so its compile time grows with it (minutes for a
+    28-layer model, where one layer's graph takes seconds whatever the depth), while the per-call cost it saves is
+    gone anyway on CUDA, whose decode steps replay as CUDA graphs."""
+    return device_type != "cpu"

@@ -1,4 +1,4 @@
-"""CUDA graphs of a decode step, one per batch bucket.
+"""CUDA graphs of a decode step, one per batch bucket and attended width.
 
 Eagerly, a decode step of a 28-layer model launches ~1,650 kernels, each costing the host several microseconds:
 at a few hundred rows the GPU waits for the launches, not for the maths. A CUDA graph records the step's kernels
@@ -6,7 +6,9 @@ once and replays them with one launch. A graph replays exactly the work it recor
 it captures must keep every shape and address from step to step: `decode.FixedShapeDecoder` (the whole cache
 attended, the column a device tensor, every write in place) and the engine's sampling loop (per-row outputs
 written in place, the response index a device tensor) are built for that. As rows finish the batch shrinks to
-the next *bucket* (`decode_buckets`), one graph per bucket, captured the first time that size is reached.
+the next *bucket* (`decode_buckets`), and as columns are written the attended width grows by steps of 64 columns
+(`FixedShapeDecoder.attended_width`): one graph per (bucket, width) pair, captured the first time it is reached.
+Rows only shrink and widths only grow, so a generation reaches at most (#buckets + #widths) pairs.
 
 Capturing: one eager warm-up step first, on a side stream (lazy initialisation, cuBLAS workspaces and the
 autotuning of compiled kernels must not happen inside a capture), its effects then undone by the caller's
@@ -47,26 +49,27 @@ def bucket_for(live: int, buckets: list[int]) -> int:
 class BucketGraphs:
     """CUDA graphs of one step function per bucket, over buffers that stay put (see the module docstring).
 
-    `run(bucket, step, snapshot)` replays the bucket's graph, capturing it on first use: `step()` runs one step
-    in place and returns nothing; `snapshot()` returns a function that undoes what a step changed (for the warm-up
+    `run(key, step, snapshot)` replays the graph of `key` (a bucket: the batch size and, for
+    `FixedShapeDecoder`, the attended width), capturing it on first use: `step()` runs one step in place and
+    returns nothing; `snapshot()` returns a function that undoes what a step changed (for the warm-up
     step). `generator`: the CUDA generator the step draws from (registered with every graph). The graphs hold the
     addresses of everything the step touched: those buffers must outlive them.
     """
 
     def __init__(self, device: torch.device, generator: torch.Generator | None = None):
         self.device, self.generator = device, generator
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self.capture_seconds = 0.0
         self.failure: str | None = None
 
-    def run(self, bucket: int, step: Callable[[], None], snapshot: Callable[[], Callable[[], None]]) -> bool:
-        """One step at this bucket: True when a graph replayed it, False when it ran eagerly (a capture failed:
+    def run(self, key: tuple, step: Callable[[], None], snapshot: Callable[[], Callable[[], None]]) -> bool:
+        """One step at this key: True when a graph replayed it, False when it ran eagerly (a capture failed:
         `failure` says why, and every later step runs eagerly too)."""
-        graph = self.graphs.get(bucket)
+        graph = self.graphs.get(key)
         if graph is None and self.failure is None:
             try:
-                graph = self.graphs[bucket] = self._capture(step, snapshot)
+                graph = self.graphs[key] = self._capture(step, snapshot)
             except RuntimeError as error:   # an op that cannot be captured (a host sync): the state was restored
                 self.failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                 print(f"[literl] capturing the decode step as a CUDA graph failed ({self.failure}); decoding "

@@ -71,16 +71,34 @@ def decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R: torch
 def fixed_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R: torch.Tensor,
                       keys: list[torch.Tensor], values: list[torch.Tensor], bias_RS: torch.Tensor,
                       column_1: torch.Tensor, recording: tuple[list, list] | None = None, sample: Sample = None,
-                      routes: TokenRoutes | None = None):
+                      routes: TokenRoutes | None = None, *, layer_step: Callable | None = None):
     """`decode_step` with every shape fixed (`attention.fixed`): `column_1` is a one-element long tensor holding
     the cache column, the query attends to all S columns, and the columns after `column_1` are masked here
     (`bias_RS` carries only the prompts' left padding). Nothing in it depends on a host value that changes from
-    step to step, so at a given batch size every call is the same work on the same memory."""
+    step to step, so at a given batch size every call is the same work on the same memory.
+
+    `layer_step` (`fixed_layer` or its compiled form) runs each layer of a step that neither records nor routes,
+    one call per layer (`compiled.compiles_layer_by_layer`)."""
     unwritten_S = torch.arange(bias_RS.shape[1], device=bias_RS.device) > column_1
     bias_R11S = bias_RS.masked_fill(unwritten_S, float("-inf"))[:, None, None, :]
+    if layer_step is not None and recording is None and routes is None:
+        body = model.get_decoder()
+        hidden_RH, cos_R1D, sin_R1D = embed_and_rotary(body, token_R, position_R[:, None])
+        for layer, keys_RJSD, values_RJSD in zip(body.layers, keys, values):
+            hidden_RH = layer_step(layer, hidden_RH, cos_R1D, sin_R1D, keys_RJSD, values_RJSD, bias_R11S, column_1)
+        logits_RV = model.get_output_embeddings()(body.norm(hidden_RH))
+        return logits_RV if sample is None else sample[0](logits_RV, *sample[1:])
     return _layers_and_head(model, token_R, position_R, keys, values, recording, sample, routes,
                             lambda keys_RJSD, values_RJSD, keep: attention.fixed(keys_RJSD, values_RJSD, bias_R11S,
                                                                                  column_1, keep))
+
+
+def fixed_layer(layer: torch.nn.Module, hidden_RH: torch.Tensor, cos_R1D: torch.Tensor, sin_R1D: torch.Tensor,
+                keys_RJSD: torch.Tensor, values_RJSD: torch.Tensor, bias_R11S: torch.Tensor,
+                column_1: torch.Tensor) -> torch.Tensor:
+    """One layer of `fixed_decode_step` (computed projections, the module's own norms)."""
+    return decoder_layer(layer, hidden_RH, cos_R1D, sin_R1D, norm=call_norm,
+                         attention=attention.fixed(keys_RJSD, values_RJSD, bias_R11S, column_1))
 
 
 def _layers_and_head(model, token_R, position_R, keys, values, recording, sample, routes, attention_of):
@@ -101,17 +119,29 @@ def _layers_and_head(model, token_R, position_R, keys, values, recording, sample
 
 
 @functools.cache
-def compiled_decode_step(device_type: str = "cpu", fixed: bool = False):
+def compiled_decode_step(device_type: str = "cpu", fixed: bool = False, by_layer: bool = False):
     """`decode_step` (or `fixed_decode_step`) through `torch.compile` (compiled on first use, once per process,
     device type and kind; shared by every engine): one graph for every batch size and cache column, one more when
     recording; a step with one row left, or one that records MoE routes, runs eagerly (`literl.model.compiled`).
-    On CPU its kernels are called from C++ (measured there). On CUDA inductor's own CUDA graphs stay off: the
-    engine captures the fixed step itself, once per batch bucket (`literl.model.cuda_graphs`)."""
+    On CPU its kernels are called from C++ (measured there). `by_layer` (`compiled.compiles_layer_by_layer`: CUDA):
+    the fixed step runs its layers through one compiled graph of a layer (`compiled_fixed_layer`) instead, so the
+    compile time does not grow with depth. Inductor's own CUDA graphs stay off: the engine captures the fixed step
+    itself, once per batch bucket (`literl.model.cuda_graphs`)."""
+    if fixed and by_layer:
+        return functools.partial(fixed_decode_step, layer_step=compiled_fixed_layer())
     return compile_for_varying_sizes(
         fixed_decode_step if fixed else decode_step, cpp_wrapper=device_type == "cpu",
         name="the fixed-shape decode step" if fixed else "the decode step",
         eager_when=lambda model, token_R, position_R, keys, values, bias, column, recording, sample, routes:
         token_R.shape[0] < 2 or routes is not None)
+
+
+@functools.cache
+def compiled_fixed_layer():
+    """`fixed_layer` through `torch.compile`: one graph for every layer of a model (the layer's weights are graph
+    inputs), every batch size and column; a single row runs eagerly."""
+    return compile_for_varying_sizes(fixed_layer, name="a fixed-shape decode layer",
+                                     eager_when=lambda layer, hidden_RH, *rest: hidden_RH.shape[0] < 2)
 
 
 class StaticKVDecoder:
@@ -199,9 +229,11 @@ class FixedShapeDecoder:
     Every buffer is allocated once and never moves: per layer the keys and values of all S columns [B, J, S, D]
     (zeros where not written), the prompts' left-padding bias [B, S], each slot's rotary position and batch row,
     and the cache column (`column_1`, a device tensor). A step (`fixed_decode_step`) writes one column and attends
-    over the whole cache, the unwritten columns masked; its Python side only bumps a host mirror of the column. So
-    on CUDA one step at a given batch size can be captured as a graph and replayed for every column
-    (`literl.model.cuda_graphs`), and a compiled step never sees a new shape within a generation.
+    over the cache's first `attended_width()` columns, the unwritten ones masked; its Python side only bumps a host
+    mirror of the column. So on CUDA one step at a given batch size and attended width can be captured as a graph
+    and replayed for every column up to that width (`literl.model.cuda_graphs`), and a compiled step sees sizes
+    change only at those widths. `width_step`: the attended width is the written columns rounded up to a multiple
+    of it (so a step reads at most `width_step` − 1 unwritten columns); None: the whole cache, one width.
 
     `keep(kept_R, rows)` moves the kept slots to the front (only the slots that change position move, as in
     `StaticKVDecoder.keep`) and may keep `rows` > len(kept_R) slots: the extra ones are *trash* slots, whose batch
@@ -211,9 +243,10 @@ class FixedShapeDecoder:
     With a `record` (CPU) or a `routing`, steps record as `StaticKVDecoder`'s do; a record takes no trash slots.
     """
 
-    def __init__(self, model: torch.nn.Module, step_fn: Callable | None = None):
+    def __init__(self, model: torch.nn.Module, step_fn: Callable | None = None, *, width_step: int | None = None):
         self.model = model
         self.step_fn = step_fn or fixed_decode_step
+        self.width_step = width_step
         self.keys_full: list[torch.Tensor] = []
         self.values_full: list[torch.Tensor] = []
 
@@ -282,12 +315,23 @@ class FixedShapeDecoder:
             recording = (self.record.weights, self.record.add_step(self.slot_rows_R, self.column - self.prompt_width))
         if self.routing is not None:
             routes = self.routing.at(self.slot_rows_R, self.position_R)
-        out = self.step_fn(self.model, token_R, self.position_R, self.keys, self.values, self.bias_RS, self.column_1,
-                           recording, sample, routes)
+        width = self.attended_width()
+        keys, values, bias_RS = self.keys, self.values, self.bias_RS
+        if width < self.capacity:       # views of the first columns: the same memory at every step of this width
+            keys, values = [k.narrow(2, 0, width) for k in keys], [v.narrow(2, 0, width) for v in values]
+            bias_RS = bias_RS.narrow(1, 0, width)
+        out = self.step_fn(self.model, token_R, self.position_R, keys, values, bias_RS, self.column_1, recording,
+                           sample, routes)
         self.position_R += 1        # in place: the buffers never move
         self.column_1 += 1
         self.column += 1
         return out
+
+    def attended_width(self) -> int:
+        """How many cache columns the next step attends over (see `width_step`)."""
+        if self.width_step is None:
+            return self.capacity
+        return min(self.capacity, -(-(self.column + 1) // self.width_step) * self.width_step)
 
     def count_step(self) -> None:
         """A replayed graph of `step` advanced the device state: advance the host mirror of the column too."""

@@ -144,7 +144,7 @@ def sample_tokens(decoder: Decoder, first_logits_BV: torch.Tensor, params: Sampl
         if graphs is None:
             step(slots)
         else:
-            if graphs.run(slots, functools.partial(step, slots), snapshot):
+            if graphs.run((slots, decoder.attended_width()), functools.partial(step, slots), snapshot):
                 decoder.count_step()        # a replay ran the step's device work only
     return buffers.ids_BT[:B], buffers.logp_BT[:B]
 

@@ -31,7 +31,7 @@ import torch
 
 from literl.model.attention import decode_backends
 from literl.model.capabilities import CUDA_GRAPHS, auto_decode_route, capabilities, captures_cuda_graphs
-from literl.model.compiled import compile_seconds
+from literl.model.compiled import compile_seconds, compiles_layer_by_layer
 from literl.model.cuda_graphs import BucketGraphs, decode_buckets
 from literl.model.decode import (Decoder, DynamicCacheDecoder, FixedShapeDecoder, StaticKVDecoder,
                                  compiled_decode_step, decode_step, fixed_decode_step)
@@ -44,9 +44,10 @@ from literl.rollout.generator import Generation, SamplingParams, check_prompts
 
 ACCELERATOR_SYNC_EVERY = 8
 DECODE_CHOICES = ("auto", "static", "fixed", "dynamic")
-# A captured generation's cache has its width rounded up to this many columns, so that generations whose prompts
-# differ a little in width replay the same graphs.
-CAPACITY_STEP = 64
+# The fixed step's cache width (on CUDA) and the width it attends over are multiples of this many columns: a step
+# reads at most 63 unwritten columns, there are few widths to capture, and generations whose prompts differ a
+# little in width replay the same graphs.
+COLUMN_STEP = 64
 
 
 class HFEngine:
@@ -234,7 +235,7 @@ class HFEngine:
     def _step_fn(self, fixed: bool):
         if not self.compile:
             return fixed_decode_step if fixed else decode_step
-        return compiled_decode_step(self.device.type, fixed=fixed)
+        return compiled_decode_step(self.device.type, fixed=fixed, by_layer=compiles_layer_by_layer(self.device.type))
 
     def _decoder(self, route: str, cache, prepared: DistinctPrompts, T: int, record, routing,
                  captured: "_CapturedDecode | None") -> tuple[Decoder, SamplingBuffers]:
@@ -247,7 +248,7 @@ class HFEngine:
         if route == "fixed":
             # On CUDA the cache is as wide as a captured one (the same shapes as the graphs run).
             capacity = _capacity(prepared.width + T) if captures_cuda_graphs(self.device) else None
-            return FixedShapeDecoder(self.model, self._step_fn(fixed=True)).start(
+            return FixedShapeDecoder(self.model, self._step_fn(fixed=True), width_step=COLUMN_STEP).start(
                 cache, prepared, T, record=record, routing=routing, capacity=capacity), buffers
         if route == "static":
             return StaticKVDecoder(self.model, cache, prepared, T, step_fn=self._step_fn(fixed=False), record=record,
@@ -283,11 +284,11 @@ class HFEngine:
         key = (rows, T, params, _weight_addresses(self.model))
         captured = self._captured
         if (captured is None or captured.key != key or width > captured.decoder_capacity
-                or captured.decoder_capacity > capacity + 2 * CAPACITY_STEP):
+                or captured.decoder_capacity > capacity + 2 * COLUMN_STEP):
             self._captured = None       # drop the old graphs (and their memory) before making new ones
             generator = torch.Generator(device=self.device)
             captured = self._captured = _CapturedDecode(
-                key=key, decoder=FixedShapeDecoder(self.model, self._step_fn(fixed=True)),
+                key=key, decoder=FixedShapeDecoder(self.model, self._step_fn(fixed=True), width_step=COLUMN_STEP),
                 buffers=SamplingBuffers(rows, T, self.pad_id, self.eos_token_ids, self.device),
                 graphs=BucketGraphs(self.device, generator), generator=generator, decoder_capacity=capacity)
         return captured
@@ -321,7 +322,7 @@ class _CapturedDecode:
 
 
 def _capacity(width: int) -> int:
-    return -(-width // CAPACITY_STEP) * CAPACITY_STEP
+    return -(-width // COLUMN_STEP) * COLUMN_STEP
 
 
 def _weight_addresses(model: torch.nn.Module) -> tuple[int, ...]:

@@ -78,11 +78,11 @@ class _EagerGraphs:
     the snapshot's restore), then the step itself eagerly. Any state the snapshot missed changes the tokens."""
 
     def __init__(self):
-        self.buckets: list[int] = []
+        self.keys: list[tuple[int, int]] = []
         self.failure = None
 
-    def run(self, bucket, step, snapshot) -> bool:
-        self.buckets.append(bucket)
+    def run(self, key, step, snapshot) -> bool:
+        self.keys.append(key)
         restore = snapshot()
         step()
         restore()
@@ -102,30 +102,35 @@ def _fixed_bucketed(model, prompts, params, seed, routing=None):
             prepared.share_prompt_routes(routing.record_BLNK[:B])
         else:
             logits_UV, cache = prefill_by_layers(model, prepared)
-        decoder = FixedShapeDecoder(model).start(cache, prepared, T, routing=routing, capacity=prepared.width + T + 5)
+        decoder = FixedShapeDecoder(model, width_step=8).start(cache, prepared, T, routing=routing,
+                                                               capacity=prepared.width + T + 5)
         buffers = SamplingBuffers(B, T, PAD, MANY_EOS, CPU)
         graphs = _EagerGraphs()
         ids_BT, logp_BT = sample_tokens(decoder, logits_UV[prepared.source_B], params,
                                         torch.Generator().manual_seed(seed), buffers, sync_every=2,
                                         buckets=decode_buckets(B), graphs=graphs)
-    return ids_BT, logp_BT, graphs.buckets
+    return ids_BT, logp_BT, graphs.keys
 
 
 def test_bucketed_batches_with_trash_slots_and_warm_ups_sample_the_static_routes_tokens():
     """Rows leave only when the running ones fit a smaller bucket (24 rows: 24 → 16 → 12 → 8 → 4 ...), finished
-    rows and trash slots keep stepping in between, and a warm-up step undone by the snapshot precedes every step:
-    the tokens are the static route's, and every response column up to a row's end is written."""
+    rows and trash slots keep stepping in between, the attended width grows by 8 columns at a time, and a warm-up
+    step undone by the snapshot precedes every step: the tokens are the static route's, and every response column
+    up to a row's end is written."""
     model = build_tiny_qwen3(seed=4)
     prompts = _prompts(seed=4) * 3
     params = SamplingParams(max_new_tokens=30, temperature=1.0)
     static = _engine(model, "static").generate(prompts, params, rng=torch.Generator().manual_seed(4))
     assert (~static.truncated_B).sum() >= 12, "rows must end early for the batch to shrink"
-    ids_BT, logp_BT, buckets = _fixed_bucketed(model, prompts, params, seed=4)
+    ids_BT, logp_BT, keys = _fixed_bucketed(model, prompts, params, seed=4)
     gen = _engine(model, "static")._generation(ids_BT, logp_BT)
     assert torch.equal(gen.response_ids_BT, static.response_ids_BT)
     torch.testing.assert_close(gen.rollout_logp_BT, static.rollout_logp_BT, rtol=0, atol=1e-5)
+    buckets, widths = [key[0] for key in keys], [key[1] for key in keys]
     assert buckets[0] == 24 and len(set(buckets)) >= 3 and all(b in decode_buckets(24) for b in buckets)
     assert buckets == sorted(buckets, reverse=True)
+    # Prompts 9 columns wide: the first step writes column 9 and attends over 16, the last over all 9 + 30 - 1 + 5.
+    assert widths == sorted(widths) and widths[0] == 16 and widths[-1] == 40 and all(w % 8 == 0 for w in widths[:-1])
 
 
 def test_moe_routes_recorded_with_trash_slots_equal_the_static_routes():
@@ -138,10 +143,10 @@ def test_moe_routes_recorded_with_trash_slots_equal_the_static_routes():
     moe = capabilities_module.capabilities(model).moe
     B, width = len(prompts), distinct_prompts(prompts, PAD, CPU).width + params.max_new_tokens
     routing = Routing(record_BLNK=new_routes(B + 1, width + 5, moe.layers, moe.top_k, CPU))
-    ids_BT, logp_BT, buckets = _fixed_bucketed(model, prompts, params, seed=2, routing=routing)
+    ids_BT, logp_BT, keys = _fixed_bucketed(model, prompts, params, seed=2, routing=routing)
     gen = _engine(model, "static")._generation(ids_BT, logp_BT)
     assert torch.equal(gen.response_ids_BT, static.response_ids_BT)
-    assert len(set(buckets)) >= 2
+    assert len({key[0] for key in keys}) >= 2
     routes_BLNK = routing.record_BLNK[:B, :width]
     expected = static.extras[ROLLOUT_ROUTES]
     # Positions a row fed before it ended: its prompt and its response up to the token before its last.
