@@ -91,8 +91,10 @@ class BucketGraphs:
         torch.cuda.current_stream(self.device).wait_stream(side)
         restore()
         graph = torch.cuda.CUDAGraph()
-        if self.generator is not None:
-            graph.register_generator_state(self.generator)
+        # Needed from torch 2.4 until the release that registers generators on first use (and makes this a no-op).
+        register = getattr(graph, "register_generator_state", None)
+        if self.generator is not None and register is not None:
+            register(self.generator)
         with torch.cuda.graph(graph, pool=self.pool):
             step()
         self.capture_seconds += time.perf_counter() - start

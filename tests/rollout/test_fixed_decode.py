@@ -228,3 +228,23 @@ def test_fixed_decoder_keeps_slots_in_any_order_and_pads_with_trash_slots():
             torch.testing.assert_close(kept_RV, full_BV, rtol=0, atol=1e-5)
         else:
             torch.testing.assert_close(kept_RV[:4], full_BV[kept_R], rtol=0, atol=1e-5)
+
+
+def test_a_failed_capture_is_reported_once_and_the_steps_run_eagerly(monkeypatch, capsys):
+    """A step that cannot be captured (here: the capture raises as a host sync inside it would): the graphs say
+    why, once, and every step from then on runs eagerly, without a second try."""
+    from literl.model.cuda_graphs import BucketGraphs
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    graphs = BucketGraphs(CPU)
+    tries, steps = [], []
+
+    def failing_capture(step, snapshot):
+        tries.append(1)
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(graphs, "_capture", failing_capture)
+    assert [graphs.run((8, 64), lambda: steps.append(1), lambda: (lambda: None)) for _ in range(3)] == [False] * 3
+    assert len(tries) == 1 and len(steps) == 3 and graphs.graphs == {}
+    assert graphs.failure == "RuntimeError: CUDA error: operation not permitted when stream is capturing"
+    assert capsys.readouterr().err.count("capturing the decode step as a CUDA graph failed") == 1
