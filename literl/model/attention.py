@@ -75,11 +75,12 @@ def _decode_attention(attn, query_RQD, keys_RJCD, values_RJCD, bias_R11C, keep):
     return keep[0]
 
 
-def decode_backends(device: torch.device):
-    """The context a fixed-shape decode step runs in: on CUDA, SDPA pinned to the memory-efficient kernel (it takes
-    an additive bias; flash takes none, and cuDNN's kernel builds a new execution plan per shape on cu13 builds,
-    which a capture must never hit), with the math kernel as the fallback for shapes it rejects. Elsewhere SDPA
-    chooses as usual (on CPU its flash kernel takes the bias)."""
+def rollout_attention(device: torch.device):
+    """The context a rollout (prefill and decode steps) runs in: on CUDA, SDPA pinned to the memory-efficient
+    kernel (it takes an additive bias; flash takes none, and cuDNN's kernel builds a new execution plan for every
+    new shape on cu13 builds: once per step for a decode whose key length grows, and never allowed inside a
+    capture), with the math kernel as the fallback for shapes it rejects. Elsewhere SDPA chooses as usual (on CPU
+    its flash kernel takes the bias)."""
     if device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel

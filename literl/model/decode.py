@@ -8,6 +8,9 @@ able to drop finished rows (`keep`) so that they stop costing compute.
   copies the whole cache; masks and positions are rebuilt at every step): benchmark model, batch 128, 1 thread,
   16 ms per step through the model's forward against 10.4 ms here. With a `ForwardRecord` the step also writes
   every projection's output into the record (`literl.model.record`), for the update to replay.
+- `FixedShapeDecoder`: the same cache and layer body with every shape fixed per batch size and attended width
+  (`fixed_decode_step`: the column a device tensor, unwritten columns masked, all state written in place), so that
+  a CUDA graph can capture a step and replay it (`literl.model.cuda_graphs`).
 - `DynamicCacheDecoder`: the model's own forward with a growing cache: slower, correct for any causal LM.
 
 Sampling can run inside the step (`step_and_sample`: compiled, it joins the step's graph); the caller passes the
@@ -73,9 +76,10 @@ def fixed_decode_step(model: torch.nn.Module, token_R: torch.Tensor, position_R:
                       column_1: torch.Tensor, recording: tuple[list, list] | None = None, sample: Sample = None,
                       routes: TokenRoutes | None = None, *, layer_step: Callable | None = None):
     """`decode_step` with every shape fixed (`attention.fixed`): `column_1` is a one-element long tensor holding
-    the cache column, the query attends to all S columns, and the columns after `column_1` are masked here
-    (`bias_RS` carries only the prompts' left padding). Nothing in it depends on a host value that changes from
-    step to step, so at a given batch size every call is the same work on the same memory.
+    the cache column, the query attends to every column it is given (keys, values and bias [.., S]: the cache or
+    its first columns), and the columns after `column_1` are masked here (`bias_RS` carries only the prompts' left
+    padding). Nothing in it depends on a host value that changes from step to step, so at a given batch size and
+    width every call is the same work on the same memory.
 
     `layer_step` (`fixed_layer` or its compiled form) runs each layer of a step that neither records nor routes,
     one call per layer (`compiled.compiles_layer_by_layer`)."""
@@ -224,7 +228,8 @@ class StaticKVDecoder:
 
 
 class FixedShapeDecoder:
-    """A static-cache decoder whose steps have one shape per batch size, its state updated in place.
+    """A static-cache decoder whose steps have one shape per batch size and attended width, its state updated in
+    place.
 
     Every buffer is allocated once and never moves: per layer the keys and values of all S columns [B, J, S, D]
     (zeros where not written), the prompts' left-padding bias [B, S], each slot's rotary position and batch row,

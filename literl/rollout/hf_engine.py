@@ -22,14 +22,13 @@ Where the time goes and what this engine does about it (numbers in benchmarks/en
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from literl.model.attention import decode_backends
+from literl.model.attention import rollout_attention
 from literl.model.capabilities import CUDA_GRAPHS, auto_decode_route, capabilities, captures_cuda_graphs
 from literl.model.compiled import compile_seconds, compiles_layer_by_layer
 from literl.model.cuda_graphs import BucketGraphs, decode_buckets
@@ -173,19 +172,18 @@ class HFEngine:
             route = self.decode_route if self._fits_window(width) else "dynamic"
             captured = self._capture_state(B, T, params, width) if route == CUDA_GRAPHS else None
             routing = self._routing(B, width, captured) if route != "dynamic" else None
-            first_logits_UV, cache = self._prefill(prepared, routing)
-            record = None
-            if record_forward and T > 1 and route in ("static", "fixed") and self.can_record(B, T):
-                record = self.recorder.start(self.model, B, T, device)
-            decoder, buffers = self._decoder(route, cache, prepared, T, record, routing, captured)
-            sync_every = self.sync_every or (1 if device.type == "cpu" else ACCELERATOR_SYNC_EVERY)
-            fixed = route in ("fixed", CUDA_GRAPHS)
-            # The fixed step on CUDA runs at bucket sizes, graphs or not (so the eager step is the graphs' exact
-            # reference); elsewhere batches are exact.
-            buckets = decode_buckets(B) if fixed and captures_cuda_graphs(device) else None
-            with decode_backends(device) if fixed else contextlib.nullcontext():
+            with rollout_attention(device):
+                first_logits_UV, cache = self._prefill(prepared, routing)
+                record = None
+                if record_forward and T > 1 and route in ("static", "fixed") and self.can_record(B, T):
+                    record = self.recorder.start(self.model, B, T, device)
+                decoder, buffers = self._decoder(route, cache, prepared, T, record, routing, captured)
+                sync_every = self.sync_every or (1 if device.type == "cpu" else ACCELERATOR_SYNC_EVERY)
+                # The fixed step on CUDA runs at bucket sizes, graphs or not (so the eager step is the graphs'
+                # exact reference); elsewhere batches are exact.
+                fixed_on_cuda = route in ("fixed", CUDA_GRAPHS) and captures_cuda_graphs(device)
                 ids_BT, logp_BT = self._sample(decoder, first_logits_UV[prepared.source_B], params, rng, buffers,
-                                               sync_every, buckets, captured)
+                                               sync_every, decode_buckets(B) if fixed_on_cuda else None, captured)
         finally:
             self.model.train(was_training)
         generation = self._generation(ids_BT, logp_BT)
