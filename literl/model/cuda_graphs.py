@@ -50,8 +50,8 @@ class BucketGraphs:
     """CUDA graphs of one step function per bucket, over buffers that stay put (see the module docstring).
 
     `run(key, step, snapshot)` replays the graph of `key` (a bucket: the batch size and, for
-    `FixedShapeDecoder`, the attended width), capturing it on first use: `step()` runs one step in place and
-    returns nothing; `snapshot()` returns a function that undoes what a step changed (for the warm-up
+    `FixedShapeDecoder`, the attended width), capturing it on first use: `step()` runs one step's device work in
+    place, touches no host state (a replay would not repeat it) and returns nothing; `snapshot()` returns a function that undoes what a step changed (for the warm-up
     step). `generator`: the CUDA generator the step draws from (registered with every graph). The graphs hold the
     addresses of everything the step touched: those buffers must outlive them.
     """
@@ -86,10 +86,12 @@ class BucketGraphs:
         restore = snapshot()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        restore()
+        try:
+            with torch.cuda.stream(side):
+                step()
+        finally:
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            restore()
         graph = torch.cuda.CUDAGraph()
         # Needed from torch 2.4 until the release that registers generators on first use (and makes this a no-op).
         register = getattr(graph, "register_generator_state", None)

@@ -234,8 +234,9 @@ class FixedShapeDecoder:
     Every buffer is allocated once and never moves: per layer the keys and values of all S columns [B, J, S, D]
     (zeros where not written), the prompts' left-padding bias [B, S], each slot's rotary position and batch row,
     and the cache column (`column_1`, a device tensor). A step (`fixed_decode_step`) writes one column and attends
-    over the cache's first `attended_width()` columns, the unwritten ones masked; its Python side only bumps a host
-    mirror of the column. So on CUDA one step at a given batch size and attended width can be captured as a graph
+    over the cache's first `attended_width()` columns, the unwritten ones masked; its device work (`device_step`)
+    touches no host state, and `count_step` then bumps a host mirror of the column. So on CUDA one step at a given
+    batch size and attended width can be captured as a graph
     and replayed for every column up to that width (`literl.model.cuda_graphs`), and a compiled step sees sizes
     change only at those widths. `width_step`: the attended width is the written columns rounded up to a multiple
     of it (so a step reads at most `width_step` − 1 unwritten columns); None: the whole cache, one width.
@@ -307,12 +308,19 @@ class FixedShapeDecoder:
         self.slot_rows_R = self.slot_rows_full[:rows]
 
     def step(self, token_R: torch.Tensor) -> torch.Tensor:
-        return self._step(token_R, None)
+        out = self.device_step(token_R)
+        self.count_step()
+        return out
 
     def step_and_sample(self, token_R: torch.Tensor, sample: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._step(token_R, sample)
+        out = self.device_step(token_R, sample)
+        self.count_step()
+        return out
 
-    def _step(self, token_R: torch.Tensor, sample: Sample):
+    def device_step(self, token_R: torch.Tensor, sample: Sample = None):
+        """`step` (with `sample`: `step_and_sample`) without touching any host state: what a CUDA graph captures
+        and replays. The caller then counts the step (`count_step`), once per step, replayed or not. (A record's
+        bookkeeping is host state: recording steps are never captured.)"""
         if self.column >= self.capacity:
             raise RuntimeError("the static KV cache is full: more steps than max_new_tokens")
         recording = routes = None
@@ -329,7 +337,6 @@ class FixedShapeDecoder:
                            sample, routes)
         self.position_R += 1        # in place: the buffers never move
         self.column_1 += 1
-        self.column += 1
         return out
 
     def attended_width(self) -> int:
@@ -339,18 +346,17 @@ class FixedShapeDecoder:
         return min(self.capacity, -(-(self.column + 1) // self.width_step) * self.width_step)
 
     def count_step(self) -> None:
-        """A replayed graph of `step` advanced the device state: advance the host mirror of the column too."""
+        """After a `device_step` (run or replayed): advance the host mirror of the column."""
         self.column += 1
 
     def snapshot(self) -> Callable[[], None]:
-        """What a step changes besides the cache column it writes (which a repeated step writes again, identically):
-        returns a function that puts it back (for a warm-up step before a capture)."""
-        position, column_1, column = self.position_full.clone(), self.column_1.clone(), self.column
+        """What a `device_step` changes besides the cache column it writes (which a repeated step writes again,
+        identically): returns a function that puts it back (for a warm-up step before a capture)."""
+        position, column_1 = self.position_full.clone(), self.column_1.clone()
 
         def restore() -> None:
             self.position_full.copy_(position)
             self.column_1.copy_(column_1)
-            self.column = column
 
         return restore
 

@@ -97,7 +97,8 @@ def sample_tokens(decoder: Decoder, first_logits_BV: torch.Tensor, params: Sampl
 
     The first token comes from the prefill's logits, each later one from `decoder.step_and_sample`. `buckets`
     (`cuda_graphs.decode_buckets`): the batch sizes to run at (the decoder must take trash slots: a
-    `FixedShapeDecoder`); None: exactly the running rows. `graphs`: replay each step as the bucket's CUDA graph.
+    `FixedShapeDecoder`); None: exactly the running rows. `graphs`: replay each step as its bucket's CUDA graph
+    (the decoder's `device_step`, which touches no host state, then its `count_step`).
     """
     (B, V), T, device = first_logits_BV.shape, params.max_new_tokens, first_logits_BV.device
 
@@ -109,7 +110,11 @@ def sample_tokens(decoder: Decoder, first_logits_BV: torch.Tensor, params: Sampl
         return uniform_BV if slots == B else uniform_BV.index_select(0, buffers.row_R[:slots].clamp(max=B - 1))
 
     def step(slots: int) -> None:
-        token_R, logp_R = decoder.step_and_sample(buffers.token_R[:slots], (sample_from_uniform, params, noise(slots)))
+        sample = (sample_from_uniform, params, noise(slots))
+        if graphs is None:
+            token_R, logp_R = decoder.step_and_sample(buffers.token_R[:slots], sample)
+        else:       # the device work only (captured and replayed); the host counts the step below
+            token_R, logp_R = decoder.device_step(buffers.token_R[:slots], sample)
         buffers.write(token_R, logp_R)
 
     def snapshot() -> Callable[[], None]:
@@ -144,8 +149,8 @@ def sample_tokens(decoder: Decoder, first_logits_BV: torch.Tensor, params: Sampl
         if graphs is None:
             step(slots)
         else:
-            if graphs.run((slots, decoder.attended_width()), functools.partial(step, slots), snapshot):
-                decoder.count_step()        # a replay ran the step's device work only
+            graphs.run((slots, decoder.attended_width()), functools.partial(step, slots), snapshot)
+            decoder.count_step()
     return buffers.ids_BT[:B], buffers.logp_BT[:B]
 
 

@@ -74,8 +74,9 @@ def test_fixed_route_samples_the_static_routes_tokens(sync_every):
 
 
 class _EagerGraphs:
-    """Stands in for `BucketGraphs` off CUDA: at every step, what a capture does before it (the warm-up step, then
-    the snapshot's restore), then the step itself eagerly. Any state the snapshot missed changes the tokens."""
+    """Stands in for `BucketGraphs` off CUDA, at every step: the warm-up step, undone by the snapshot; the capture
+    (it runs no kernel: emulated as the step, undone); the replay (the step). Any device state the snapshot misses,
+    and any host state the step changes (a replay would not), changes the tokens or breaks the loop."""
 
     def __init__(self):
         self.keys: list[tuple[int, int]] = []
@@ -83,11 +84,12 @@ class _EagerGraphs:
 
     def run(self, key, step, snapshot) -> bool:
         self.keys.append(key)
-        restore = snapshot()
+        for _ in ("warm-up", "capture"):
+            restore = snapshot()
+            step()
+            restore()
         step()
-        restore()
-        step()
-        return False
+        return True
 
 
 def _fixed_bucketed(model, prompts, params, seed, routing=None):
