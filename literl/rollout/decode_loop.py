@@ -1,7 +1,7 @@
 """The engine's sampling loop: T tokens for each of B rows from a decoder, finished rows leaving the batch.
 
 Every per-step write goes in place into buffers made once per generation (`SamplingBuffers`: every row's tokens
-and log-probs, a finished flag per row, each slot's batch row and last token, the response index as a device
+and log-probs, each slot's batch row, last token and finished flag, the response index as a device
 tensor), so a step does the same work on the same memory at every step: with a `decode.FixedShapeDecoder` on
 CUDA, one step is captured as a CUDA graph per batch bucket and replayed (`literl.model.cuda_graphs`).
 
@@ -31,7 +31,8 @@ from literl.rollout.sampling import sample_from_uniform, uniform_noise
 
 class SamplingBuffers:
     """The loop's state for B rows and T tokens, on the sampling device, written in place. Row B is the trash row
-    (what trash slots write goes there); `reset` readies the same buffers for another generation."""
+    (what trash slots write goes there); a slot's finished flag moves with its row, and a trash slot counts as
+    finished. `reset` readies the same buffers for another generation."""
 
     def __init__(self, rows: int, max_new_tokens: int, pad_id: int, eos_token_ids: Sequence[int],
                  device: torch.device):
@@ -39,7 +40,7 @@ class SamplingBuffers:
         self.batch, self.pad_id = B, pad_id
         self.ids_BT = torch.empty((B + 1, T), dtype=torch.long, device=device)
         self.logp_BT = torch.empty((B + 1, T), dtype=torch.float32, device=device)
-        self.done_B = torch.empty(B + 1, dtype=torch.bool, device=device)
+        self.done_R = torch.empty(B, dtype=torch.bool, device=device)     # each slot's row has sampled an EOS
         self.row_R = torch.empty(B, dtype=torch.long, device=device)      # the batch row each slot holds; B: trash
         self.token_R = torch.zeros(B, dtype=torch.long, device=device)    # each slot's last sampled token
         self.t_1 = torch.empty(1, dtype=torch.long, device=device)        # the response index the next step writes
@@ -49,8 +50,7 @@ class SamplingBuffers:
     def reset(self) -> None:
         self.ids_BT.fill_(self.pad_id)
         self.logp_BT.zero_()
-        self.done_B.zero_()
-        self.done_B[self.batch] = True           # the trash row is never running
+        self.done_R.zero_()
         torch.arange(self.batch, out=self.row_R)
         self.t_1.zero_()
 
@@ -60,31 +60,31 @@ class SamplingBuffers:
         row_R, t_R = self.row_R[:R], self.t_1.expand(R)
         self.ids_BT.index_put_((row_R, t_R), token_R)
         self.logp_BT.index_put_((row_R, t_R), logp_R)
-        ended_R = (token_R[:, None] == self.eos_E).any(-1)
-        self.done_B.index_put_((row_R,), self.done_B.index_select(0, row_R) | ended_R)
+        self.done_R[:R] |= torch.isin(token_R, self.eos_E)
         self.token_R[:R].copy_(token_R)
         self.t_1 += 1
 
     def running(self, slots: int) -> torch.Tensor:
         """Which of the first `slots` slots hold a row that has not finished."""
-        return ~self.done_B.index_select(0, self.row_R[:slots])
+        return ~self.done_R[:slots]
 
     def keep(self, kept_R: torch.Tensor, slots: int) -> None:
         """Slots kept_R move to the front; slots len(kept_R)..slots-1 become trash slots."""
         n = kept_R.shape[0]
-        self.row_R[:n] = self.row_R.index_select(0, kept_R)
-        self.token_R[:n] = self.token_R.index_select(0, kept_R)
+        for buffer in (self.row_R, self.token_R, self.done_R):
+            buffer[:n] = buffer.index_select(0, kept_R)
         self.row_R[n:slots] = self.batch
+        self.done_R[n:slots] = True
 
     def snapshot(self) -> Callable[[], None]:
         """What a step changes besides the entries it writes (a repeated step writes them again): a function that
         puts it back."""
-        token_R, t_1, done_B = self.token_R.clone(), self.t_1.clone(), self.done_B.clone()
+        token_R, t_1, done_R = self.token_R.clone(), self.t_1.clone(), self.done_R.clone()
 
         def restore() -> None:
             self.token_R.copy_(token_R)
             self.t_1.copy_(t_1)
-            self.done_B.copy_(done_B)
+            self.done_R.copy_(done_R)
 
         return restore
 
