@@ -60,7 +60,8 @@ class SamplingBuffers:
         row_R, t_R = self.row_R[:R], self.t_1.expand(R)
         self.ids_BT.index_put_((row_R, t_R), token_R)
         self.logp_BT.index_put_((row_R, t_R), logp_R)
-        self.done_R[:R] |= torch.isin(token_R, self.eos_E)
+        # Not `torch.isin`: with few tokens it may sort and take `unique` of them, a host sync on CUDA.
+        self.done_R[:R] |= (token_R[:, None] == self.eos_E).any(-1)
         self.token_R[:R].copy_(token_R)
         self.t_1 += 1
 
