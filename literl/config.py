@@ -158,8 +158,8 @@ class RolloutConfig:
                               "the batch")
     decode: str = knob("auto", "decode route (engine=hf): auto (on a model the runtime decodes: static on CPU, "
                                "fixed on CUDA; else dynamic) | static (attend over the written cache columns) | "
-                               "fixed (one shape per batch size, the whole cache attended; on CUDA captured as "
-                               "CUDA graphs per batch bucket) | dynamic (the model's own forward with a growing "
+                               "fixed (one shape per batch size and 64-column width, the not yet written columns "
+                               "masked; on CUDA captured as CUDA graphs per batch bucket) | dynamic (the model's own forward with a growing "
                                "cache); docs/speed.md")
     compile: bool = knob(False, "torch.compile the static or fixed decode step with its sampling, and the prefill "
                                 "(~20-40 s once, printed; rollout ~25% faster on the CPU speed benchmark, "
