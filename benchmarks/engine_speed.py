@@ -7,11 +7,13 @@ Prints one JSON line. For each engine variant (run round-robin, medians over rep
   ms_per_decode_step  (full_rollout_s − prefill) / 63 decode steps at batch 128
   prefill_ms          the prompt forward (all rows for `reference`, distinct prompts for the engine)
 Each also as CPU time (`*_cpu*`): on a shared machine, compare variants by CPU time at --threads 1.
-Variants: `auto` (the engine's default), `static` / `dynamic` (its two decode paths), `compiled`
-(static + torch.compile; its first call, compile included, is reported as compile_s), and `reference`
-(the engine before this work: every row prefilled, HF forward with DynamicCache, rows dropped at every EOS).
+Variants: `auto` (the engine's default), `static` / `fixed` / `dynamic` (its decode routes: `fixed` is the
+fixed-shape step, which CUDA captures as graphs and CPU runs as is), `compiled` / `fixed-compiled` (static /
+fixed + torch.compile; the first call, compile included, is reported as compile_s), and `reference` (the engine
+before this work: every row prefilled, HF forward with DynamicCache, rows dropped at every EOS).
 
     python benchmarks/engine_speed.py --variants reference,dynamic,static --repeats 7
+    python benchmarks/engine_speed.py --variants static,fixed,compiled,fixed-compiled --repeats 7 --threads 1
 """
 
 from __future__ import annotations
@@ -77,9 +79,10 @@ class ReferenceEngine:
 def _engine(variant: str, model, eos: list[int], pad_id: int, dtype):
     if variant == "reference":
         return ReferenceEngine(model, eos_token_ids=eos, pad_id=pad_id)
-    decode = {"auto": "auto", "static": "static", "dynamic": "dynamic", "compiled": "static"}[variant]
+    decode = {"auto": "auto", "static": "static", "fixed": "fixed", "dynamic": "dynamic", "compiled": "static",
+              "fixed-compiled": "fixed"}[variant]
     return HFEngine(model, eos_token_ids=eos, pad_id=pad_id, dtype=dtype, decode=decode,
-                    compile=variant == "compiled")
+                    compile=variant.endswith("compiled"))
 
 
 def _prefill_seconds(variant, model, prompts, repeats=5) -> tuple[float, float]:
@@ -104,7 +107,7 @@ def _measure(names, engines, full_engines, model, prompts, params, repeats) -> d
     for name in names:   # warm-up; the first call of the compiled variant includes compilation
         start = time.perf_counter()
         engines[name].generate(prompts, params, rng=torch.Generator().manual_seed(0))
-        if name == "compiled":
+        if name.endswith("compiled"):
             compile_s[name] = time.perf_counter() - start
         full_engines[name].generate(prompts, params, rng=torch.Generator().manual_seed(0))
 
@@ -141,12 +144,14 @@ def _measure(names, engines, full_engines, model, prompts, params, repeats) -> d
             results[name]["compile_s"] = round(compile_s[name] - median(wall, name), 2)
         if name != "reference":
             results[name]["static_kv"] = engines[name].uses_static_kv
+            results[name]["decode_route"] = engines[name].decode_route
     return results
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", default="auto", help="comma list of auto,static,dynamic,compiled,reference")
+    parser.add_argument("--variants", default="auto",
+                        help="comma list of auto,static,fixed,dynamic,compiled,fixed-compiled,reference")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=workload.TORCH_THREADS)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],

@@ -27,7 +27,12 @@ Per body, after `--warmup` untimed steps (probes, `trainer.micro_batch_tokens=au
                                (989: H100 SXM bf16 dense)
     step_s                     the whole RL step (rollout, rewards, advantages, update, weight sync)
     peak_memory_gib            torch.cuda.max_memory_allocated over the timed steps
-    compile_s                  null until the compiled decode and update (issue 30) land
+    first_step_s               the first (warm-up) step: probes, sizing, graph captures and, with --compile,
+                               every compile
+    compile_s                  with --compile (`trainer.compile=true rollout.compile=true`): the seconds
+                               `torch.compile` took (`literl.model.compiled.compile_seconds()`, summed); else null
+    decode                     the engine's `decode_report()`: route, compile seconds by function, the CUDA graphs
+                               captured (bucket, width) and their capture seconds, a capture failure if any
 For the first body it also times one forward + backward of the last update's rows with each packed attention
 kernel (`attention_kernel_s`), what `literl.model.capabilities.PACKED_ROUTE`'s order should be measured by.
 
@@ -173,9 +178,11 @@ def attention_kernel_seconds(model: torch.nn.Module, train, compute: torch.dtype
 
 
 def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, device: torch.device,
-             attention: str, peak_tflops: float | None, kernels: bool) -> dict:
+             attention: str, peak_tflops: float | None, kernels: bool, compile: bool = False,
+             decode: str = "auto") -> dict:
     import literl
     from literl.components import build_components
+    from literl.model.compiled import compile_seconds
     from literl.testbed.tasks import train_problems
     from literl.testbed.tokenizer import build_char_tokenizer
     from literl.training.trainer import Trainer
@@ -192,7 +199,10 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
         f"trainer.device={device.type}", "trainer.progress=false", "trainer.log_samples=0", "trainer.save_every=0",
         "trainer.save_every_minutes=0", f"trainer.output_dir={tmp.name}/run", "eval.before=false", "eval.every=0",
         f"trainer.packed_attention={attention}", "trainer.threads=1" if device.type == "cpu" else "trainer.threads=4",
+        f"rollout.decode={decode}",
     ]
+    if compile:
+        overrides += ["trainer.compile=true", "rollout.compile=true"]
     if "num_experts" in spec:
         overrides.append("algorithm.routing_replay=r3")
     cfg = literl.load_config(preset="grpo", overrides=overrides)
@@ -200,7 +210,8 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
                              reward_fns=[digit_fraction])
     trainer = Trainer(parts)
     seen = _instrument(parts)
-    records = []
+    records, first_step_s = [], None
+    compiled_before = sum(compile_seconds().values())
     try:
         for i in range(warmup + steps):
             _reset_peak(device)
@@ -210,6 +221,9 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             _synchronize(device)
             step_s = time.perf_counter() - start
             trainer.step += 1
+            if i == 0:
+                first_step_s = step_s
+                print(f"[gpu_step] {name}: first step {step_s:.1f} s", file=sys.stderr, flush=True)
             if i < warmup:
                 continue
             train = seen["train"]
@@ -235,7 +249,9 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             "literl_over_hf": rollout_tok_s / hf_tok_s, "update_s": row["update_s"],
             "trained_tokens": row["trained_tokens"], "update_tflops": tflops,
             "update_mfu": tflops / peak_tflops if peak_tflops else None,
-            "peak_memory_gib": row["peak_memory_gib"], "compile_s": None,
+            "peak_memory_gib": row["peak_memory_gib"], "first_step_s": first_step_s,
+            "compile_s": sum(compile_seconds().values()) - compiled_before if compile else None,
+            "decode": parts.engine.decode_report() if hasattr(parts.engine, "decode_report") else None,
             "micro_batch_tokens": parts.policy_forward.max_tokens,
             "packed_attention": parts.policy_forward.packed_kernel, "attention_kernel_s": kernel_s,
         })
@@ -305,6 +321,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--budget-s", type=float, default=330.0,
                         help="start no further body after this many seconds (the run fits one 6-minute call)")
     parser.add_argument("--no-kernels", action="store_true", help="skip timing each packed attention kernel")
+    parser.add_argument("--compile", action="store_true",
+                        help="trainer.compile=true rollout.compile=true (compile_s: what torch.compile took)")
+    parser.add_argument("--decode", default="auto", help="rollout.decode for the runs (auto, static, fixed)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     tiny = args.tiny or device.type == "cpu"
@@ -322,7 +341,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"[gpu_step] {name} on {_device_name(device)}...", file=sys.stderr, flush=True)
             row = run_body(name, bodies[name], workload=workload, steps=args.steps, warmup=args.warmup,
                            device=device, attention=args.attention, peak_tflops=peak,
-                           kernels=i == 0 and not args.no_kernels)
+                           kernels=i == 0 and not args.no_kernels, compile=args.compile, decode=args.decode)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         rows.append(row)

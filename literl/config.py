@@ -123,10 +123,29 @@ class VllmConfig:
                                       "(e.g. rollout.vllm.extra={max_num_seqs: 128})", factory=dict)
 
 
+# Which rollout engine to pick on a GPU, and what each costs (`literl config --explain`; docs/speed.md, "GPU
+# decode"). Figures: one H100 80GB, torch 2.11+cu130, 2026-11-26, Qwen3-0.6B body, batch 256, <= 256 new tokens.
+ENGINE_CHOICE_ON_GPU = (
+    "Rollout engine on a GPU (rollout.engine):",
+    "  vllm  where vLLM is installed (./run.sh vllm-setup installs the CUDA build): pick it for speed. Engines like",
+    "        it sample 6-14x faster than HF generate (published figures); literl's vLLM engine is not yet measured",
+    "        on a GPU. Costs: a second process holding its own weights and KV cache (rollout.vllm.",
+    "        gpu_memory_utilization, default half the GPU), a weight sync after every optimizer step, no forward",
+    "        record for the update to replay.",
+    "  hf    literl's own engine, the default and the choice without vLLM: no second process, no weight sync (it",
+    "        samples from the policy module itself), MoE routes recorded for R3. On CUDA it decodes with the",
+    "        fixed-shape step captured as CUDA graphs per batch bucket (rollout.decode=auto). Measured before the",
+    "        graphs: 1,275 tok/s, 1.9x slower than HF generate (2,476 tok/s). With the graphs: not measured yet",
+    "        (target >= 5x HF generate). Costs: graphs captured once per batch size (seconds), the KV cache",
+    "        kept between steps while the graphs are held, rollout.compile=true compiles once more.",
+)
+
+
 @dataclass
 class RolloutConfig:
     engine: str = knob("hf", "rollout engine: hf (literl's own, in the trainer's process) | vllm (vLLM in its own "
-                             "process and environment, settings in rollout.vllm; docs/vllm.md)")
+                             "process and environment, settings in rollout.vllm; docs/vllm.md). Which to pick on a "
+                             "GPU: the 'Rollout engine on a GPU' notes at the end of --explain")
     prompts_per_step: int = knob(32, "P: prompts per rollout batch")
     group_size: int = knob(8, "G: samples per prompt")
     temperature: float | None = knob(None, "sampling temperature, > 0 (the log-probs of every policy use it too); "
@@ -143,10 +162,14 @@ class RolloutConfig:
                                  "bfloat16, the MiniRL paper's FP8-inference stress test (literl/model/quantize.py)")
     max_rounds: int = knob(1, "sampling rounds per step; >1 lets a group filter (dynamic sampling) refill "
                               "the batch")
-    decode: str = knob("auto", "decode path: auto (static KV cache when the model's structure allows it) | "
-                               "static | dynamic (the model's own forward with a growing cache)")
-    compile: bool = knob(False, "torch.compile the static decode step with its sampling, and the prefill (~20-40 s "
-                                "once; rollout ~25% faster on the speed benchmark, docs/speed.md; for long runs)")
+    decode: str = knob("auto", "decode route (engine=hf): auto (on a model the runtime decodes: static on CPU, "
+                               "fixed on CUDA; else dynamic) | static (attend over the written cache columns) | "
+                               "fixed (one shape per batch size and 64-column width, the not yet written columns "
+                               "masked; on CUDA captured as CUDA graphs per batch bucket) | dynamic (the model's own forward with a growing "
+                               "cache); docs/speed.md")
+    compile: bool = knob(False, "torch.compile the static or fixed decode step with its sampling, and the prefill "
+                                "(~20-40 s once, printed; rollout ~25% faster on the CPU speed benchmark, "
+                                "docs/speed.md; for long runs)")
     vllm: VllmConfig = knob(help="the vLLM engine (rollout.engine=vllm); rollout.dtype is its precision",
                             factory=VllmConfig)
 

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from yaml import YAMLError
 
-from literl.config import Config, TrickSpec
+from literl.config import ENGINE_CHOICE_ON_GPU, Config, TrickSpec
 from literl.config_rules import MULTI_TRICKS, SINGLE_TRICKS, validate
 from literl.profiles import HF_MODEL_LR, TESTBED_LR  # noqa: F401 - re-exported (tests, older imports)
 from literl.registry import ConfigError
@@ -447,6 +447,7 @@ def explain() -> str:
               "  it); a dotted key adds or merges one entry (algorithm.policy_masks.opsm.delta=0.5);",
               "  algorithm.reward_shaping.NAME=null or ~algorithm.reward_shaping.NAME removes one entry.",
               "  A parameter shown as <required> has no default: a config that names the trick must set it."]
+    lines += ["", *ENGINE_CHOICE_ON_GPU]
     lines.append("\nTricks (algorithm.<axis>.name, algorithm.<axis>.params.<param>; the map axes loss_mask, "
                  "policy_mask, reward_shaping: algorithm.<axis>s.<name>.<param>):")
     for axis, registry in ALL.items():

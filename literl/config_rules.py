@@ -24,7 +24,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "rollout.dtype": ("float32", "bfloat16", "float8_e4m3"),
     "algorithm.routing_replay": ("none", "r2", "r3"),
-    "rollout.decode": ("auto", "static", "dynamic"),
+    "rollout.decode": ("auto", "static", "fixed", "dynamic"),
     "rollout.engine": ("hf", "vllm"),
     "optim.schedule": ("constant", "linear", "cosine"),
     "trainer.recompute_old_logp": ("auto", "always"),

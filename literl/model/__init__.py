@@ -5,21 +5,25 @@ feature that touches the forward (routes, dtype, sharding, replay of recorded pr
 
     layer.py         the layer body (`decoder_layer`) and the structure it needs
     kernels.py       RMS norm with a hand backward, rotary, per-head views, row selections
-    attention.py     the attention step per kind of pass: cached (decode), dense (prompts, prefix), replayed
+    attention.py     the attention step per kind of pass: cached and fixed (decode), dense (prompts, prefix),
+                     replayed
     record.py        the rollout's forward kept for the update: recorder, record, recording/replayed projections
     prompts.py       distinct prompts, the prompt pass, prefill
-    decode.py        decode steps: static KV cache (the body) or the model's own forward
+    decode.py        decode steps: static KV cache (the body), fixed-shape (one shape per batch size), or the
+                     model's own forward
+    cuda_graphs.py   the fixed-shape decode step captured as CUDA graphs, one per batch bucket
     forward.py       a training forward: shared prompts, replayed, or whole rows by length
     grouping.py      which rows share a training forward
     head.py          the LM head as log-probs and entropies, tile by tile
     capabilities.py  which modes a model supports (the one place that probes)
     policy.py        `PolicyForward`: what the trainer asks for log-probs
-    compiled.py      torch.compile for functions whose sizes change from call to call
+    compiled.py      torch.compile for functions whose sizes change from call to call; compile times
 
 Modes of the body, and who runs them:
 
     mode                          attention         projections   caller
     decode step                   cached            computed      rollout (StaticKVDecoder)
+    fixed-shape decode step       fixed             computed      rollout (FixedShapeDecoder; CUDA graphs)
     decode step, recording        cached (+ kept)   recording     rollout, on-policy update ahead
     prompt pass (prefill, prefix) dense             computed      rollout prefill, training forward
     responses after a prefix      dense + prefix    computed      training forward

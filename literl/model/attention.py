@@ -5,6 +5,8 @@ leading shape, Q query heads, J key/value heads, F = Q·D, o_proj's input):
 
 - `cached`: one decode step against a static KV cache (write this token's key and value at a cache column,
   attend over the columns written so far);
+- `fixed`: the same step with every shape fixed (the column is a device tensor, the query attends to the whole
+  cache, a bias hides the unwritten columns): one shape per batch size, what a CUDA graph captures;
 - `dense`: a full forward over [rows, width] tokens, causal within them, optionally after a prefix of keys and
   values they all may attend to (their prompt's); optionally keeping each layer's own keys and values;
 - `replayed`: packed tokens whose attention output (and, on CPU, its log-sum-exp) a rollout recorded: the
@@ -40,23 +42,57 @@ def cached(keys_RJSD: torch.Tensor, values_RJSD: torch.Tensor, bias_R11S: torch.
     anyway, gives both; the kept output is then o_proj's input (the kernel's own output is head-major)."""
 
     def attend(attn, query_RQD, key_RJD, value_RJD):
-        R, D = query_RQD.shape[0], query_RQD.shape[-1]
         keys_RJSD.narrow(2, column, 1).copy_(key_RJD[:, :, None])
         values_RJSD.narrow(2, column, 1).copy_(value_RJD[:, :, None])
-        # The query heads sharing a key/value head become its Z "queries" (query head h = j·Z + z).
-        query_RJZD = query_RQD.view(R, keys_RJSD.shape[1], -1, D)
-        keys_RJCD, values_RJCD = keys_RJSD[:, :, :column + 1], values_RJSD[:, :, :column + 1]
-        if keep is None:
-            out_RJZD = F.scaled_dot_product_attention(query_RJZD, keys_RJCD, values_RJCD, attn_mask=bias_R11S,
-                                                      scale=attn.scaling)
-            return out_RJZD.reshape(R, -1)
-        out_RJZD, lse_RJZ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query_RJZD, keys_RJCD, values_RJCD, 0.0, False, attn_mask=bias_R11S, scale=attn.scaling)
-        keep[0].copy_(out_RJZD.reshape(R, -1))
-        keep[1].copy_(lse_RJZ.reshape(R, -1))
-        return keep[0]
+        return _decode_attention(attn, query_RQD, keys_RJSD[:, :, :column + 1], values_RJSD[:, :, :column + 1],
+                                 bias_R11S, keep)
 
     return attend
+
+
+def fixed(keys_RJSD: torch.Tensor, values_RJSD: torch.Tensor, bias_R11S: torch.Tensor, column_1: torch.Tensor,
+          keep: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """`cached` with every shape fixed: this token's key and value go to the cache column held by `column_1` (a
+    one-element long tensor on the cache's device, so one captured or compiled step serves every column) and the
+    query attends to all S columns, `bias_R11S` being −inf on the columns not written yet (and on left padding).
+    Masked columns weigh exp(−inf) = 0, so the result is `cached`'s up to float rounding; unwritten columns must
+    hold finite values (0 · NaN would be NaN), which `decode.FixedShapeDecoder` guarantees by zeroing its cache."""
+
+    def attend(attn, query_RQD, key_RJD, value_RJD):
+        keys_RJSD.index_copy_(2, column_1, key_RJD[:, :, None])
+        values_RJSD.index_copy_(2, column_1, value_RJD[:, :, None])
+        return _decode_attention(attn, query_RQD, keys_RJSD, values_RJSD, bias_R11S, keep)
+
+    return attend
+
+
+def _decode_attention(attn, query_RQD, keys_RJCD, values_RJCD, bias_R11C, keep):
+    """One query token per row against C cached columns; the query heads sharing a key/value head become its Z
+    "queries" (query head h = j·Z + z), so keys and values are never repeated per head."""
+    R, D = query_RQD.shape[0], query_RQD.shape[-1]
+    query_RJZD = query_RQD.view(R, keys_RJCD.shape[1], -1, D)
+    if keep is None:
+        out_RJZD = F.scaled_dot_product_attention(query_RJZD, keys_RJCD, values_RJCD, attn_mask=bias_R11C,
+                                                  scale=attn.scaling)
+        return out_RJZD.reshape(R, -1)
+    out_RJZD, lse_RJZ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query_RJZD, keys_RJCD, values_RJCD, 0.0, False, attn_mask=bias_R11C, scale=attn.scaling)
+    keep[0].copy_(out_RJZD.reshape(R, -1))
+    keep[1].copy_(lse_RJZ.reshape(R, -1))
+    return keep[0]
+
+
+def rollout_attention(device: torch.device):
+    """The context a rollout (prefill and decode steps) runs in: on CUDA, SDPA pinned to the memory-efficient
+    kernel (it takes an additive bias; flash takes none, and cuDNN's kernel builds a new execution plan for every
+    new shape on cu13 builds: once per step for a decode whose key length grows, and never allowed inside a
+    capture), with the math kernel as the fallback for shapes it rejects. Elsewhere SDPA chooses as usual (on CPU
+    its flash kernel takes the bias)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def dense(bias_R1WS: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None = None,

@@ -407,3 +407,24 @@ def cluster_micro_batch_tokens(setting: int | str) -> int:
     """Tokens per micro-batch on a Ray cluster, where the driver and every trainer rank split a step alike (each
     rank measuring its own memory could disagree): `auto` is CPU_MICRO_BATCH_TOKENS there."""
     return CPU_MICRO_BATCH_TOKENS if setting == "auto" else int(setting)
+
+
+# ------------------------------------------------------------------------------ decode routes (issue 30)
+# Which decode step `rollout.decode=auto` runs for a model the static-cache step supports, by device type:
+#   "static"  attend over the columns written so far, rows dropped at every check (`decode.StaticKVDecoder`)
+#   "fixed"   one shape per batch size (`decode.FixedShapeDecoder`): the whole cache attended, unwritten columns
+#             masked; where `captures_cuda_graphs`, each batch bucket's step is one CUDA graph (`cuda_graphs`)
+# CPU stays on "static" until "fixed" is measured not slower there (the commands in docs/speed.md, "GPU decode");
+# on CUDA the eager step is bound by kernel launches (~1,650 per step for a 28-layer model), which graphs remove.
+AUTO_DECODE_ROUTES = {"cuda": "fixed"}
+CUDA_GRAPHS = "cuda_graphs"
+
+
+def auto_decode_route(device: torch.device) -> str:
+    """The decode route `rollout.decode=auto` takes on this device: "static" or "fixed" (see above)."""
+    return AUTO_DECODE_ROUTES.get(device.type, "static")
+
+
+def captures_cuda_graphs(device: torch.device) -> bool:
+    """Whether the fixed-shape decode step runs as CUDA graphs on this device."""
+    return device.type == "cuda"

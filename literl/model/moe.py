@@ -120,18 +120,23 @@ class Routing:
             terms.append(experts * ((count_E / chosen) * (prob_sum_E / max(tokens, 1))).sum())
         return torch.stack(terms).mean()
 
-    def at(self, rows: torch.Tensor, positions: torch.Tensor, real: torch.Tensor) -> "TokenRoutes":
-        return TokenRoutes(self, rows.reshape(-1), positions.reshape(-1), real.reshape(-1))
+    def at(self, rows: torch.Tensor, positions: torch.Tensor, real: torch.Tensor | None = None) -> "TokenRoutes":
+        """`real=None`: every token is real (a decode step), which records routes without a boolean selection, so
+        the step stays free of host synchronisation (and capturable as a CUDA graph)."""
+        real_M = torch.ones_like(rows.reshape(-1), dtype=torch.bool) if real is None else real.reshape(-1)
+        return TokenRoutes(self, rows.reshape(-1), positions.reshape(-1), real_M, all_real=real is None)
 
 
 class TokenRoutes:
     """A `Routing` for one forward's tokens (row_M, position_M, real_M, flattened in the forward's order);
-    `layer(n)` gives the n-th MoE layer's view."""
+    `layer(n)` gives the n-th MoE layer's view. `all_real`: no padding among them."""
 
-    def __init__(self, routing: Routing, row_M: torch.Tensor, position_M: torch.Tensor, real_M: torch.Tensor):
-        self.routing, self.real_M = routing, real_M
+    def __init__(self, routing: Routing, row_M: torch.Tensor, position_M: torch.Tensor, real_M: torch.Tensor,
+                 all_real: bool = False):
+        self.routing, self.real_M, self.all_real = routing, real_M, all_real
         # Padding reads row 0, position 0 (any valid index): its result is masked out.
-        self.row_M, self.position_M = row_M.where(real_M, 0), position_M.where(real_M, 0)
+        self.row_M, self.position_M = ((row_M, position_M) if all_real
+                                       else (row_M.where(real_M, 0), position_M.where(real_M, 0)))
 
     def read(self, routes_BLNK: torch.Tensor, n: int) -> torch.Tensor:
         return routes_BLNK[self.row_M, self.position_M, n].long()
@@ -161,7 +166,9 @@ class LayerRoutes:
             experts_MK = torch.where(tokens.real_M[:, None], replayed_MK, padding_MK)
         if routing.replay_BLNK is not None or routing.reweight:
             weights_MK = gate_weights(logits_ME, experts_MK, renormalises(gate)).to(natural_weights_MK.dtype)
-        if routing.record_BLNK is not None:
+        if routing.record_BLNK is not None and tokens.all_real:
+            routing.record_BLNK[tokens.row_M, tokens.position_M, n] = natural_MK.to(ROUTE_DTYPE)
+        elif routing.record_BLNK is not None:
             real = tokens.real_M
             routing.record_BLNK[tokens.row_M[real], tokens.position_M[real], n] = natural_MK[real].to(ROUTE_DTYPE)
         if routing.compare:

@@ -21,7 +21,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from literl.model import attention
-from literl.model.compiled import compile_for_varying_sizes
+from literl.model.compiled import compile_for_varying_sizes, compiles_layer_by_layer
 from literl.model.kernels import apply_norm
 from literl.model.layer import decoder_layer, embed_and_rotary, routed_linears
 from literl.model.moe import TokenRoutes
@@ -118,15 +118,41 @@ def compiled_prompt_layers():
     it, element-wise work fused across layer boundaries); one prompt or a width of one runs eagerly, and so do
     passes that route MoE layers (recorded or replayed routes)."""
     return compile_for_varying_sizes(
-        prompt_layers, eager_when=lambda decoder, hidden_UXH, cos, sin, bias, routes: routes is not None or min(
+        prompt_layers, name="the prompts' layers",
+        eager_when=lambda decoder, hidden_UXH, cos, sin, bias, routes: routes is not None or min(
             hidden_UXH.shape[0], hidden_UXH.shape[1]) < 2)
+
+
+def prompt_layer(layer, hidden_UXH: torch.Tensor, cos_UX1D: torch.Tensor, sin_UX1D: torch.Tensor,
+                 bias_U1XX: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer of `prompt_layers` (computed projections): (hidden_UXH, keys_UJXD, values_UJXD)."""
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    hidden_UXH = decoder_layer(layer, hidden_UXH, cos_UX1D, sin_UX1D, attention=attention.dense(bias_U1XX, kept=kept))
+    return hidden_UXH, kept[0][0], kept[0][1]
+
+
+@functools.cache
+def compiled_prompt_layer():
+    """`prompt_layer` through `torch.compile`: one graph for every layer of a model and every prompt batch, where
+    `compiled.compiles_layer_by_layer` (CUDA: the compile time does not grow with depth); one prompt or a width of
+    one runs eagerly."""
+    return compile_for_varying_sizes(prompt_layer, name="a prompt layer", eager_when=lambda layer, hidden_UXH, *rest:
+                                     min(hidden_UXH.shape[0], hidden_UXH.shape[1]) < 2)
 
 
 def prompts_by_layers(decoder, prompts: DistinctPrompts, *, compiled: bool = False, routes: TokenRoutes | None = None
                       ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """(hidden_UXH, per-layer (keys, values)) of the distinct prompts through the hand-applied layers."""
+    """(hidden_UXH, per-layer (keys, values)) of the distinct prompts through the hand-applied layers; compiled,
+    as one graph of all layers, or one layer at a time where `compiled.compiles_layer_by_layer`."""
     hidden_UXH, cos_UXD, sin_UXD = embed_and_rotary(decoder, prompts.ids_UX, prompts.positions_UX)
     bias_U1XX = attention.left_padded_bias(prompts.real_UX, hidden_UXH.dtype)
+    if compiled and routes is None and compiles_layer_by_layer(hidden_UXH.device.type):
+        layer_step, prompt_kv = compiled_prompt_layer(), []
+        cos_UX1D, sin_UX1D = cos_UXD[:, :, None], sin_UXD[:, :, None]
+        for layer in decoder.layers:
+            hidden_UXH, keys_UJXD, values_UJXD = layer_step(layer, hidden_UXH, cos_UX1D, sin_UX1D, bias_U1XX)
+            prompt_kv.append((keys_UJXD, values_UJXD))
+        return apply_norm(decoder.norm, hidden_UXH), prompt_kv
     run = compiled_prompt_layers() if compiled else prompt_layers
     return run(decoder, hidden_UXH, cos_UXD, sin_UXD, bias_U1XX, routes)
 

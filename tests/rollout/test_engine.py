@@ -39,7 +39,7 @@ def _engine(model, decode, **kwargs):
     return HFEngine(model, pad_id=PAD, decode=decode, **kwargs)
 
 
-@pytest.mark.parametrize("decode", ["static", "dynamic"])
+@pytest.mark.parametrize("decode", ["static", "fixed", "dynamic"])
 def test_rollout_logp_equals_full_forward(decode):
     model = build_tiny_qwen3(seed=0)
     prompts = _prompts()
@@ -53,7 +53,7 @@ def test_rollout_logp_equals_full_forward(decode):
         assert (gen.rollout_logp_BT[b, n:] == 0).all()
 
 
-@pytest.mark.parametrize("decode", ["static", "dynamic"])
+@pytest.mark.parametrize("decode", ["static", "fixed", "dynamic"])
 def test_eos_stops_a_row_and_sets_mask_and_truncation(decode):
     model = build_tiny_qwen3(seed=1)
     T = 16
@@ -73,7 +73,7 @@ def test_eos_stops_a_row_and_sets_mask_and_truncation(decode):
             assert row[n - 1] in MANY_EOS                                         # EOS is part of the response
 
 
-@pytest.mark.parametrize("decode", ["static", "dynamic"])
+@pytest.mark.parametrize("decode", ["static", "fixed", "dynamic"])
 def test_rows_do_not_depend_on_batch_mates(decode):
     """Greedy output for each prompt alone equals its output in a mixed batch of other prompt lengths."""
     model = build_tiny_qwen3(seed=2)
@@ -94,7 +94,8 @@ def test_static_and_dynamic_paths_agree_with_row_drops_and_sparse_syncs():
     params = SamplingParams(max_new_tokens=32)
     reference = _engine(model, "dynamic").generate(prompts, params, rng=torch.Generator().manual_seed(3))
     assert (~reference.truncated_B).sum() >= 8, "rows must end early for rows to be dropped"
-    for decode, sync_every in (("static", 1), ("static", 5), ("dynamic", 3), ("static", 100)):
+    for decode, sync_every in (("static", 1), ("static", 5), ("dynamic", 3), ("static", 100), ("fixed", 1),
+                               ("fixed", 5)):
         gen = _engine(model, decode, sync_every=sync_every).generate(prompts, params,
                                                                      rng=torch.Generator().manual_seed(3))
         assert torch.equal(gen.response_ids_BT, reference.response_ids_BT)
@@ -102,7 +103,7 @@ def test_static_and_dynamic_paths_agree_with_row_drops_and_sparse_syncs():
         torch.testing.assert_close(gen.rollout_logp_BT, reference.rollout_logp_BT, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("decode", ["static", "dynamic"])
+@pytest.mark.parametrize("decode", ["static", "fixed", "dynamic"])
 def test_seeded_rng_repeats_exactly(decode):
     engine = _engine(build_tiny_qwen3(seed=4), decode)
     prompts, params = _prompts(seed=4), SamplingParams(max_new_tokens=16)
@@ -299,7 +300,7 @@ def test_attention_window_reads_each_family_config():
 def test_live_slots_in_place_fills_holes_from_the_end():
     """Hand-computed: live = [1,0,1,1,0,1,1] → K = 5; holes at 1 and 4 among the first five; the live slots 5
     and 6 fill them, every other live slot keeps its position."""
-    from literl.rollout.hf_engine import live_slots_in_place
+    from literl.rollout.decode_loop import live_slots_in_place
 
     live = torch.tensor([1, 0, 1, 1, 0, 1, 1], dtype=torch.bool)
     assert live_slots_in_place(live).tolist() == [0, 5, 2, 3, 6]
