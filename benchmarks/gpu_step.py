@@ -18,7 +18,8 @@ Per body, after `--warmup` untimed steps (probes, `trainer.micro_batch_tokens=au
 `--steps` steps of:
     rollout_s, rollout_tok_s   literl's engine: generated tokens / its generate() time
     hf_generate_s, hf_tok_s    `model.generate(do_sample=True)` on the engine's own bf16 model, the last timed
-                               step's prompts, the same max_new_tokens, temperature 1, top-k 0, top-p 1
+                               step's prompts, the same max_new_tokens, temperature 1, top-k 0, top-p 1: the
+                               second of two calls (hf_generate_first_call_s: the first, with its one-off costs)
     literl_over_hf             rollout_tok_s / hf_tok_s
     update_s, update_mfu       the learner's update (forwards, backwards, optimizer step); FLOPs counted as the
                                issue defines them: 6 · N · trained tokens + causal attention (6 · S² · heads ·
@@ -232,6 +233,11 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
                 "update_s": metrics["time/update"], "trained_tokens": float(train.loss_mask_BT.sum()),
                 "update_flops": update_flops(model, train), "peak_memory_gib": _peak_gib(device)})
         prompts = seen["prompts"]
+        # Twice: HF's first call in a process pays one-off costs per new shape (on cu13 builds cuDNN's SDPA builds
+        # an execution plan for every key length: 37 s for the 0.6B body's first call on an H200, against ~5 s
+        # warm); the ratio is taken against the second, warm call, as literl's timed steps are warm too.
+        hf_cold_s, _ = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
+                                   parts.engine.eos_token_ids, parts.engine.pad_id)
         hf_s, hf_tokens = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
                                       parts.engine.eos_token_ids, parts.engine.pad_id)
         kernel_s = (attention_kernel_seconds(model, seen["train"], torch.bfloat16)
@@ -245,7 +251,7 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             "prompts": workload["prompts"], "group": workload["group"],
             "max_new_tokens": workload["max_new_tokens"], "steps": steps,
             "step_s": row["step_s"], "rollout_s": row["rollout_s"], "generated_tokens": row["generated_tokens"],
-            "rollout_tok_s": rollout_tok_s, "hf_generate_s": hf_s, "hf_tokens": hf_tokens, "hf_tok_s": hf_tok_s,
+            "rollout_tok_s": rollout_tok_s, "hf_generate_s": hf_s, "hf_generate_first_call_s": hf_cold_s, "hf_tokens": hf_tokens, "hf_tok_s": hf_tok_s,
             "literl_over_hf": rollout_tok_s / hf_tok_s, "update_s": row["update_s"],
             "trained_tokens": row["trained_tokens"], "update_tflops": tflops,
             "update_mfu": tflops / peak_tflops if peak_tflops else None,

@@ -107,7 +107,9 @@ def test_compiled_step_inside_the_graphs_samples_the_eager_tokens():
     engine = _engine(model, compile=True)
     compiled, _ = _generate(engine, prompts, seed=1)
     report = engine.decode_report()
-    assert report["capture_failure"] is None and "the fixed-shape decode step" in report["compile_seconds"], report
+    assert report["capture_failure"] is None, report
+    # CUDA compiles one layer's graph for every layer (compiled.compiles_layer_by_layer): "a fixed-shape decode layer"
+    assert any("fixed-shape decode" in label for label in report["compile_seconds"]), report
     eager, _ = _generate(_engine(model, decode="fixed", cuda_graphs=False), prompts, seed=1)
     assert torch.equal(compiled.response_ids_BT, eager.response_ids_BT)
     torch.testing.assert_close(compiled.rollout_logp_BT, eager.rollout_logp_BT, rtol=0, atol=1e-5)
