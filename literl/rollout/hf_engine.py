@@ -17,7 +17,7 @@ Where the time goes and what this engine does about it (numbers in benchmarks/en
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -110,7 +110,11 @@ class HFEngine:
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 *, rng: torch.Generator | None = None, record_forward: bool = False) -> Generation:
+                 *, rng: torch.Generator | None = None, record_forward: bool = False,
+                 before_step: Callable[[int], None] | None = None) -> Generation:
+        """`before_step(t)`, when given, runs before every decode step t >= 1 (the forward that samples token t):
+        an asynchronous producer loads a newer policy version there (partial rollouts, `literl.rollout.
+        async_rollout`), or raises to abandon the generation."""
         device = next(self.model.parameters()).device
         B, T = len(prompts), params.max_new_tokens
         if B == 0:
@@ -128,7 +132,7 @@ class HFEngine:
                 record = self.recorder.start(self.model, B, T, device)
             decoder = self._decoder(cache, prepared, T, use_static, record, routing)
             ids_BT, logp_BT = self._sample_loop(decoder, first_logits_UV[prepared.source_B], params,
-                                                _device_rng(rng, device))
+                                                _device_rng(rng, device), before_step)
         finally:
             self.model.train(was_training)
         generation = self._generation(ids_BT, logp_BT)
@@ -176,7 +180,8 @@ class HFEngine:
         return DynamicCacheDecoder(self.model, cache, prepared)
 
     def _sample_loop(self, decoder: Decoder, logits_BV: torch.Tensor, params: SamplingParams,
-                     rng: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     rng: torch.Generator | None, before_step: Callable[[int], None] | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample T steps; return (ids_BT, logp_BT), pad / 0 where a row was no longer running.
 
         Slots are the live rows of the decoder's batch; `row_R` maps them back to rows of the output. The first
@@ -196,6 +201,8 @@ class HFEngine:
             if t == 0:
                 token_R, token_logp_R = sample_from_uniform(logits_BV, params, uniform_RV)
             else:
+                if before_step is not None:
+                    before_step(t)
                 token_R, token_logp_R = decoder.step_and_sample(token_R, (sample_from_uniform, params, uniform_RV))
             ids_BT[row_R, t], logp_BT[row_R, t] = token_R, token_logp_R
             done_R |= torch.isin(token_R, eos_E)
