@@ -154,8 +154,10 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     if cfg.rollout.engine == "vllm":
         from literl.rollout.vllm_engine import engine_from_config
 
-        engine = engine_from_config(cfg, policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
-                                    console=console)
+        # An asynchronous run's engine works while the trainer does: they split trainer.threads between them.
+        engine_cfg = _with_threads(cfg, _async_thread_split(cfg)[0]) if cfg.rollout.max_staleness >= 1 else cfg
+        engine = engine_from_config(engine_cfg, policy, eos_token_ids=eos_token_ids(policy, tokenizer),
+                                    pad_id=pad_id, console=console)
     else:
         engine = HFEngine(policy, **_engine_options(cfg, policy, tokenizer, pad_id), recorder=policy_forward.recorder)
     reference = None
@@ -233,14 +235,16 @@ def _asynchronous(cfg: Config, collector: Collector, engine, learner, policy, to
     collector the trainer sees."""
     from literl.rollout.async_rollout import AsyncCollector, VersionedEngine, WeightVersions, detached_copy
 
-    r, threads = cfg.rollout, cfg.trainer.threads or default_threads()
+    r = cfg.rollout
     engine_threads = trainer_threads = None
     if isinstance(engine, HFEngine):
         # literl's engine in this process: a generation thread on its own copy of the weights, no forward record
         # (the update never runs with the weights that sampled). The two threads split the cores.
         engine = HFEngine(detached_copy(policy), **_engine_options(cfg, policy, tokenizer, pad_id))
-        engine_threads = r.async_engine_threads or max(1, threads // 2)
-        trainer_threads = max(1, threads - engine_threads)
+        engine_threads, trainer_threads = _async_thread_split(cfg)
+    elif r.engine == "vllm" and cfg.cluster.address is None:
+        _, trainer_threads = _async_thread_split(cfg)       # the engine process took the rest at its start
+        torch.set_num_threads(trainer_threads)
     versions = WeightVersions(learner.policy())
     versions.publish(learner.policy())           # version 0: the starting weights
     versioned = VersionedEngine(engine, versions)
@@ -252,6 +256,20 @@ def _asynchronous(cfg: Config, collector: Collector, engine, learner, policy, to
                                      steps=cfg.trainer.steps, partial_rollouts=r.partial_rollouts,
                                      threads=engine_threads, trainer_threads=trainer_threads)
     return versioned, async_collector
+
+
+def _async_thread_split(cfg: Config) -> tuple[int, int]:
+    """(engine threads, trainer threads) of an asynchronous run whose engine shares this machine's cores:
+    rollout.async_engine_threads (default half of trainer.threads, at least 1) and the rest (at least 1)."""
+    threads = cfg.trainer.threads or default_threads()
+    engine = cfg.rollout.async_engine_threads or max(1, threads // 2)
+    return engine, max(1, threads - engine)
+
+
+def _with_threads(cfg: Config, threads: int) -> Config:
+    import dataclasses
+
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, threads=threads))
 
 
 def _quiet_hugging_face() -> None:

@@ -152,9 +152,10 @@ class RolloutConfig:
                                          "next policy version from decode step max_new_tokens // 2 on (in-flight "
                                          "weight update, PipelineRL-style; each token keeps the version that "
                                          "sampled it); docs/async.md")
-    async_engine_threads: int | None = knob(None, "with max_staleness >= 1 and the hf engine in this process: torch "
-                                                  "threads of the generation thread (the update keeps "
-                                                  "trainer.threads minus these, at least 1); null: half of "
+    async_engine_threads: int | None = knob(None, "with max_staleness >= 1, the engine and the update run at once and "
+                                                  "split trainer.threads: the engine's torch threads (the hf "
+                                                  "engine's generation thread, or the vllm engine's process), the "
+                                                  "update keeps the rest (at least 1); null: half of "
                                                   "trainer.threads, at least 1")
 
 
