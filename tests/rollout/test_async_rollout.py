@@ -277,3 +277,40 @@ def test_bad_asynchronous_settings_fail_at_load_with_the_fix():
         load_config(overrides=["rollout.max_staleness=1", "trainer.compile=true"])
     with pytest.raises(ConfigError, match="must be >= 0"):
         load_config(overrides=["rollout.max_staleness=-1"])
+
+
+class FailingEngine:
+    """The producer's engine, failing on its `at`-th generation (a broken engine, out of memory, ...)."""
+
+    def __init__(self, engine, at: int):
+        self.engine, self.at, self.calls = engine, at, 0
+
+    def generate(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.at:
+            raise RuntimeError("the engine broke")
+        return self.engine.generate(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_failing_producer_stops_the_run_with_its_cause_and_a_checkpoint_to_resume_from(tiny_qwen3_dir, tmp_path):
+    """k = 1: generating batch 2 fails. Step 2 (from 0) raises RolloutProducerError naming the cause; the checkpoint
+    of the two complete steps is written (no batch in flight was finished); the resumed run generates batch 2
+    under the checkpoint's weights (version 2, staleness 0) and finishes."""
+    from literl.rollout.async_rollout import RolloutProducerError
+
+    cfg = _cfg(tiny_qwen3_dir, tmp_path / "r", "trainer.steps=4", "rollout.max_staleness=1")
+    parts = build_components(cfg, reward_fns=[length_reward])
+    parts.engine.engine = FailingEngine(parts.engine.engine, at=3)
+    with pytest.raises(RolloutProducerError, match="the engine broke"):
+        Trainer(parts).fit()
+    state = torch.load(tmp_path / "r/checkpoints/step_000002/trainer_state.pt", weights_only=True)
+    assert state["rollouts_in_flight"]["batches"] == []
+    run = train(_cfg(tiny_qwen3_dir, tmp_path / "r", "trainer.steps=4", "rollout.max_staleness=1",
+                     "trainer.resume=true"), reward_fns=[length_reward])
+    records = read_metrics(run)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["async/version"] for r in records] == [0, 0, 2, 2]
+    assert [r["async/staleness_max"] for r in records] == [0, 1, 0, 1]
