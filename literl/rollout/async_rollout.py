@@ -197,6 +197,7 @@ class AsyncCollector:
         """The prompt stream's position and the in-flight batches (those sampled under versions older than the
         trainer's current weights), waiting for the producer to finish them."""
         V = self._next_consume
+        self.engine.versions.advance_to(V)      # the trainer holds version V (published, or unchanged by an empty step)
         needed = [t for t in range(V, min(V + self.k, self.steps)) if batch_version(t, self.k, self.floor) < V]
         if not self.threaded:
             for t in needed:

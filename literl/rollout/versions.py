@@ -72,7 +72,7 @@ class WeightVersions:
         """Versions up to `version` exist: a step that trained nothing (an empty batch) published no weights, and
         its version is the one before it, the same snapshot."""
         with self._cond:
-            while 0 <= self.latest < version:
+            while 0 <= self.latest < version and self.latest in self._snapshots:
                 self._snapshots[self.latest + 1] = self._snapshots[self.latest]
                 self.latest += 1
             self._cond.notify_all()
