@@ -142,7 +142,6 @@ class AsyncCollector:
         self._busy_since: float | None = None
         self._engine_idle = 0.0
         self._last_return = time.perf_counter()
-        self._pending_metrics: dict[str, float] = {}
 
     @property
     def stream(self):
@@ -172,8 +171,6 @@ class AsyncCollector:
         self._taken = (step, ready)
         batch, metrics = self._bounded(step, ready.batch, dict(ready.metrics))
         metrics.update(self._timing(asked, got))
-        metrics.update(self._pending_metrics)
-        self._pending_metrics = {}
         self.engine.versions.release_below(self._oldest_needed())
         return batch, metrics
 
@@ -198,12 +195,15 @@ class AsyncCollector:
         trainer's current weights), waiting for the producer to finish them."""
         V = self._next_consume
         self.engine.versions.advance_to(V)      # the trainer holds version V (published, or unchanged by an empty step)
-        needed = [t for t in range(V, min(V + self.k, self.steps)) if batch_version(t, self.k, self.floor) < V]
+        # Batches sampled under versions older than V (the schedule's, and any a resume brought from a run with a
+        # larger k): no weights file keeps their versions, so they are saved, not regenerated.
+        scheduled = [t for t in range(V, min(V + self.k, self.steps)) if batch_version(t, self.k, self.floor) < V]
         if not self.threaded:
-            for t in needed:
+            for t in scheduled:
                 if t not in self._ready:
                     self._produce(t)
         with self._cond:
+            needed = sorted(set(scheduled) | {t for t in self._ready if t >= V})
             if needed:
                 self._start()
             while any(t not in self._ready for t in needed) and self._error is None and not self._stopping:
