@@ -46,8 +46,11 @@ MEDIANS = {"tokens_per_s_end_to_end": "throughput/end_to_end_tokens_per_s", "ste
            "rollout_wait_s": "time/rollout", "staleness_mean": "async/staleness_mean"}
 
 
-def run_config(name: str, *, steps: int, warmup: int, threads: int, extra: list[str]) -> dict:
+def run_config(name: str, *, steps: int, warmup: int, threads: int, extra: list[str],
+               engine_threads: int | None = None) -> dict:
     engine, k = CONFIGS[name]
+    if k and engine_threads:
+        extra = [*extra, f"rollout.async_engine_threads={engine_threads}"]
     with tempfile.TemporaryDirectory(prefix=f"literl-async-{name}-") as tmp:
         out = Path(tmp) / "run"
         args = [sys.executable, "-m", "literl.cli", "train", *DEFAULT_JOB, *ENGINES[engine],
@@ -77,6 +80,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the medians")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--engine-threads", type=int, help="the engine's threads in the asynchronous runs "
+                        "(rollout.async_engine_threads; default half of --threads; the update keeps the rest, at "
+                        "least 1, so more than half oversubscribes the cores)")
     parser.add_argument("--out", type=Path, help="also write the records and the summary to this JSON file")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args()
@@ -84,7 +90,9 @@ def main() -> None:
         parser.error(f"--warmup {args.warmup} leaves no step of --steps {args.steps} to time")
     records = []
     for name in args.configs:
-        record = run_config(name, steps=args.steps, warmup=args.warmup, threads=args.threads, extra=args.overrides)
+        record = run_config(name, steps=args.steps, warmup=args.warmup, threads=args.threads, extra=args.overrides,
+                            engine_threads=args.engine_threads)
+        record["engine_threads"] = args.engine_threads
         record["load_avg_1min"] = os.getloadavg()[0]
         print(json.dumps(record), flush=True)
         records.append(record)
