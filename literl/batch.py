@@ -25,7 +25,9 @@ of row b sits at `tokens_BL[b, prompt_len_B[b] + t]` and equals `response_ids_BT
 training forwards run with a plain causal mask (pads come last, so no real token ever attends to one).
 
 Per-token extras (MoE routes, engine log-probs, ...) ride in `extras`, tensors keyed with their shape suffix
-(`rollout_routes_BLNK`), and are sliced and trimmed with the batch like every other field. The record of the
+(`rollout_routes_BLNK`), and are sliced and trimmed with the batch like every other field. An asynchronous run
+(`rollout.max_staleness >= 1`) adds `policy_version_BT` (the policy version that sampled each token) and
+`rollout_staleness_BT` (the training step minus that version), both long and −1 on padding. The record of the
 rollout's forward (`forward_record`, `literl.model.record.ForwardRecord`) is a typed field: its buffers stay
 whole, and selecting rows selects its per-row index.
 """
@@ -40,6 +42,10 @@ import torch
 
 if TYPE_CHECKING:
     from literl.model.record import ForwardRecord
+
+
+POLICY_VERSION = "policy_version_BT"        # the policy version (weights after that many steps) that sampled a token
+STALENESS = "rollout_staleness_BT"          # step that trains the token − its policy version
 
 
 def slice_rows(value: Any, index: torch.Tensor):

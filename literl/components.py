@@ -88,6 +88,8 @@ class RunComponents:
         write_json_atomic(self.run_dir / "summary.json", summary)
         self.diagnostics.write(self.run_dir / "diagnostics.json")
         self.log.close()
+        if hasattr(self.collector, "shutdown"):     # an asynchronous run's producer thread
+            self.collector.shutdown()
         if hasattr(self.engine, "close"):      # an engine in its own process (rollout.engine=vllm)
             self.engine.close()
         self.console.summary(self.run_dir, eval_results, wall)
@@ -95,8 +97,10 @@ class RunComponents:
     def release(self) -> None:
         """Let another process write to the run directory, and stop a cluster's actors (called when the run ends,
         however it ends)."""
-        for part in (self.engine, self.learner):
-            stop = getattr(part, "shutdown", None)      # the Ray rollout workers and trainer ranks
+        for part in (self.collector, self.engine, self.learner):
+            # an asynchronous run's producer thread (first: it may be using the engine), the Ray rollout workers
+            # and trainer ranks
+            stop = getattr(part, "shutdown", None)
             if stop is not None:
                 stop()
         if self.lock is not None:
@@ -165,8 +169,10 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     if cfg.rollout.engine == "vllm":
         from literl.rollout.vllm_engine import engine_from_config
 
-        engine = engine_from_config(cfg, policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
-                                    console=console)
+        # An asynchronous run's engine works while the trainer does: they split trainer.threads between them.
+        engine_cfg = _with_threads(cfg, _async_thread_split(cfg)[0]) if cfg.rollout.max_staleness >= 1 else cfg
+        engine = engine_from_config(engine_cfg, policy, eos_token_ids=eos_token_ids(policy, tokenizer),
+                                    pad_id=pad_id, console=console)
     else:
         engine = HFEngine(policy, **_engine_options(cfg, policy, tokenizer, pad_id), recorder=policy_forward.recorder)
     reference = None
@@ -218,6 +224,8 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                                         engine_options=_engine_options(cfg, policy, tokenizer, pad_id),
                                         run_dir=run_dir, console=console)
         collector.engine = engine
+    if cfg.rollout.max_staleness >= 1:
+        engine, collector = _asynchronous(cfg, collector, engine, learner, policy, tokenizer, pad_id, console)
     evaluator = build_evaluator(cfg, tokenizer=tokenizer)
     # Written by the trainer once the run has started (RunComponents.record_start): a start that fails on a bad
     # path or name leaves no run behind, so the corrected command starts afresh instead of being told to resume;
@@ -237,6 +245,50 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                          optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
                          diagnostics=diagnostics, lock=lock,
                          write_record=lambda: _write_run_config(run_dir, cfg, inputs, engine))
+
+
+def _asynchronous(cfg: Config, collector: Collector, engine, learner, policy, tokenizer, pad_id: int,
+                  console: Console):
+    """rollout.max_staleness = k >= 1: the engine samples from weight snapshots of its own, a producer thread runs
+    the collector up to k batches ahead (literl/rollout/async_rollout.py, docs/async.md). Returns the engine and the
+    collector the trainer sees."""
+    from literl.rollout.async_rollout import AsyncCollector, VersionedEngine, WeightVersions, detached_copy
+
+    r = cfg.rollout
+    engine_threads = trainer_threads = None
+    if isinstance(engine, HFEngine):
+        # literl's engine in this process: a generation thread on its own copy of the weights, no forward record
+        # (the update never runs with the weights that sampled). The two threads split the cores.
+        engine = HFEngine(detached_copy(policy), **_engine_options(cfg, policy, tokenizer, pad_id))
+        engine_threads, trainer_threads = _async_thread_split(cfg)
+    elif r.engine == "vllm" and cfg.cluster.address is None:
+        _, trainer_threads = _async_thread_split(cfg)       # the engine process took the rest at its start
+        torch.set_num_threads(trainer_threads)
+    versions = WeightVersions(learner.policy())
+    versions.publish(learner.policy())           # version 0: the starting weights
+    versioned = VersionedEngine(engine, versions)
+    console.note(f"asynchronous rollouts: batch s is sampled under policy version max(0, s-{r.max_staleness})"
+                 + (", responses switch to the next version mid-way (partial rollouts)" if r.partial_rollouts else "")
+                 + (f"; generation thread {engine_threads} torch thread(s), update {trainer_threads}"
+                    if engine_threads else ""))
+    async_collector = AsyncCollector(collector, versioned, max_staleness=r.max_staleness, seed=cfg.seed,
+                                     steps=cfg.trainer.steps, partial_rollouts=r.partial_rollouts,
+                                     threads=engine_threads, trainer_threads=trainer_threads)
+    return versioned, async_collector
+
+
+def _async_thread_split(cfg: Config) -> tuple[int, int]:
+    """(engine threads, trainer threads) of an asynchronous run whose engine shares this machine's cores:
+    rollout.async_engine_threads (default half of trainer.threads, at least 1) and the rest (at least 1)."""
+    threads = cfg.trainer.threads or default_threads()
+    engine = cfg.rollout.async_engine_threads or max(1, threads // 2)
+    return engine, max(1, threads - engine)
+
+
+def _with_threads(cfg: Config, threads: int) -> Config:
+    import dataclasses
+
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, threads=threads))
 
 
 def _quiet_hugging_face() -> None:

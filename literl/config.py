@@ -172,6 +172,20 @@ class RolloutConfig:
                                 "docs/speed.md; for long runs)")
     vllm: VllmConfig = knob(help="the vLLM engine (rollout.engine=vllm); rollout.dtype is its precision",
                             factory=VllmConfig)
+    max_staleness: int = knob(0, "k, asynchronous RL with bounded staleness (docs/async.md): 0 = the synchronous "
+                                 "loop (collect, update, sync); k >= 1: the engine generates the next batches on "
+                                 "its own copy of the weights while the trainer updates, batch s under policy "
+                                 "version max(0, s-k) (a fixed schedule, so a seed repeats its run), every token "
+                                 "tagged with its version; at most k batches are held ahead of the trainer")
+    partial_rollouts: bool = knob(False, "with max_staleness >= 1 and the hf engine: a response continues under the "
+                                         "next policy version from decode step max_new_tokens // 2 on (in-flight "
+                                         "weight update, PipelineRL-style; each token keeps the version that "
+                                         "sampled it); docs/async.md")
+    async_engine_threads: int | None = knob(None, "with max_staleness >= 1, the engine and the update run at once and "
+                                                  "split trainer.threads: the engine's torch threads (the hf "
+                                                  "engine's generation thread, or the vllm engine's process), the "
+                                                  "update keeps the rest (at least 1); null: half of "
+                                                  "trainer.threads, at least 1")
 
 
 @dataclass

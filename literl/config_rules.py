@@ -62,6 +62,25 @@ def _check_vllm(r) -> None:
     _check(v.start_timeout_s > 0, f"rollout.vllm.start_timeout_s={v.start_timeout_s} must be > 0")
     _check(v.call_timeout_s > 0, f"rollout.vllm.call_timeout_s={v.call_timeout_s} must be > 0")
 
+def _check_async(cfg: Config) -> None:
+    r = cfg.rollout
+    _check(r.max_staleness >= 0, f"rollout.max_staleness={r.max_staleness} must be >= 0 (0: the synchronous loop)")
+    _check(not r.partial_rollouts or r.max_staleness >= 1,
+           "rollout.partial_rollouts=true switches a running response to a newer policy version, which only an "
+           "asynchronous run has: set rollout.max_staleness >= 1, or partial_rollouts=false")
+    _check(not r.partial_rollouts or (r.engine == "hf" and cfg.cluster.address is None),
+           "rollout.partial_rollouts=true needs literl's own engine in the trainer's process (rollout.engine=hf, "
+           "cluster.address=null): it loads the next version's weights between two decode steps of a running batch, "
+           "which the vLLM engine's offline API and the Ray rollout workers do not offer; use max_staleness alone there")
+    _check(r.max_staleness == 0 or r.engine != "hf" or cfg.cluster.address is not None
+           or not (r.compile or cfg.trainer.compile),
+           "rollout.max_staleness >= 1 with literl's engine in the trainer's process runs generation and the update "
+           "in two threads at once, and torch.compile is not safe to run from two threads: set rollout.compile=false "
+           "and trainer.compile=false, or use rollout.engine=vllm (or Ray rollout workers, cluster.address)")
+    _check(r.async_engine_threads is None or r.async_engine_threads >= 1,
+           f"rollout.async_engine_threads={r.async_engine_threads} must be >= 1, or null for half of trainer.threads")
+
+
 def _check_finite(node, prefix: str = "") -> None:
     """NaN or ±inf in any setting (optim.lr=inf, rescale.low=nan) would poison every weight: refuse it at load."""
     if dataclasses.is_dataclass(node):
@@ -190,6 +209,7 @@ def validate(cfg: Config) -> None:
            "sync its weights; LoRA runs in one process for now (set cluster.address=null, or model.lora.rank=0)")
 
     _check_vllm(r)
+    _check_async(cfg)
 
     # Combinations that silently do the wrong thing in other frameworks.
     _check(not (algo.policy_loss.name == "minirl" and algo.is_correction.name != "none"),

@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from literl.batch import RolloutBatch, TrainBatch
+from literl.batch import STALENESS, RolloutBatch, TrainBatch
 from literl.diagnostics.importance import is_decomposition
 from literl.ops import dense_group_index, group_min_max, masked_mean
 from literl.metric_reduction import scalars
@@ -58,7 +58,8 @@ class Objective:
                  is_correction: Callable, kl: Callable, kl_coef: float, kl_in_reward: bool, entropy_coef: float,
                  loss_masks: list[Callable], reward_shaping: list[Callable], group_filter: Callable,
                  bypass_mode: bool, local_normaliser: bool = False, routing_replay: str = "none",
-                 router_aux_coef: float = 0.0, policy_masks: dict[str, Callable] | None = None):
+                 router_aux_coef: float = 0.0, policy_masks: dict[str, Callable] | None = None,
+                 max_staleness: int = 0):
         self.advantage, self.policy_loss, self.aggregation = advantage, policy_loss, aggregation
         self.is_correction, self.kl, self.group_filter = is_correction, kl, group_filter
         self.kl_coef, self.kl_in_reward, self.entropy_coef = kl_coef, kl_in_reward, entropy_coef
@@ -67,6 +68,7 @@ class Objective:
         self.routing_replay, self.router_aux_coef = routing_replay, router_aux_coef
         self.policy_masks = dict(policy_masks or {})
         self.draws_at_random = any("generator" in _inputs(fn) for fn in (policy_loss, *self.policy_masks.values()))
+        self.max_staleness = max_staleness     # asynchronous runs: the ti/st statistics per staleness 0..k
 
     @classmethod
     def from_config(cls, cfg) -> "Objective":
@@ -98,7 +100,7 @@ class Objective:
                           for n, p in a.policy_masks.items()},
             kl_coef=a.kl_coef, kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef, bypass_mode=a.bypass_mode,
             local_normaliser=a.aggregation_normaliser == "local", routing_replay=a.routing_replay,
-            router_aux_coef=a.router_aux_loss_coef,
+            router_aux_coef=a.router_aux_loss_coef, max_staleness=cfg.rollout.max_staleness,
         )
         objective.self_check()
         return objective
@@ -267,7 +269,8 @@ class Objective:
             total = total + self.router_aux_coef * aux_term
             metrics["loss/router_aux"] = aux_term.detach()
         metrics["loss/total"] = total.detach()
-        metrics.update(is_decomposition(logp_BT.detach(), old_logp_BT, mb.rollout_logp_BT, mb.mask_BT))
+        metrics.update(is_decomposition(logp_BT.detach(), old_logp_BT, mb.rollout_logp_BT, mb.mask_BT,
+                                        mb.extras.get(STALENESS), self.max_staleness))
         return LossOutput(total, {k: v.detach() if torch.is_tensor(v) else v for k, v in metrics.items()},
                           token_maps, int(mask_BT.sum()) if loss_tokens is None else loss_tokens)
 

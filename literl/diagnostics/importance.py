@@ -20,6 +20,14 @@ For each part p ∈ {ti, st, tot}, over the masked tokens (w = e^d; exps take d 
                         absolute log-weight (0 and 0 when both are exactly 0)
 Means over tokens unless the key says sequences (empty sequences are skipped).
 
+Per staleness (asynchronous runs, `rollout.max_staleness = k >= 1`: `staleness_BT` = the step minus the policy
+version that sampled each token). There μ is the engine at an older version, so d_ti holds the version gap as well
+as the numerical one; for each j in 0..k, over the tokens j versions old:
+    stale/j/ti_kl_k1, stale/j/ti_kl_k3, stale/j/ti_abs_logdiff_max     d_ti's statistics
+    stale/j/st_kl_k1, stale/j/tot_kl_k3                                 the staleness factor's and the total's
+(null in metrics.jsonl at a step without such tokens). Staleness 0 is the engine's numerical gap alone; the growth
+with j is what the policy's movement over j versions adds.
+
 The mask is the response mask, not the loss mask, and the sequence statistics count sequences, so the
 micro-batch's loss-token count is the wrong weight to combine them with. Means and shares therefore come back
 as `ops.Ratio` (Σ, count) and the ESS as `ops.SampleSize` (Σw, Σw², n): the metric accumulator adds them up
@@ -67,8 +75,10 @@ def _log_weight_stats(d_BT, mask_BT):
 
 
 @torch.no_grad()
-def is_decomposition(logp_BT, old_logp_BT, rollout_logp_BT, mask_BT) -> dict:
-    """Statistics of the training–inference, staleness and total log-weights (see the module docstring).
+def is_decomposition(logp_BT, old_logp_BT, rollout_logp_BT, mask_BT, staleness_BT=None, max_staleness: int = 0
+                     ) -> dict:
+    """Statistics of the training–inference, staleness and total log-weights (see the module docstring), and with
+    `staleness_BT` the same per staleness 0..max_staleness.
 
         d_ti = old_logp − rollout_logp,  d_st = logp − old_logp,  d_tot = d_ti + d_st
 
@@ -83,4 +93,20 @@ def is_decomposition(logp_BT, old_logp_BT, rollout_logp_BT, mask_BT) -> dict:
     abs_ti, abs_st = ops.masked_sum(d_ti.abs(), mask_BT), ops.masked_sum(d_st.abs(), mask_BT)
     out["share/ti"] = ops.Ratio(abs_ti, abs_ti + abs_st)
     out["share/st"] = ops.Ratio(abs_st, abs_ti + abs_st)
+    if staleness_BT is not None:
+        out.update(_by_staleness(d_ti, d_st, mask_BT, staleness_BT.to(mask_BT.device), max_staleness))
+    return out
+
+
+def _by_staleness(d_ti, d_st, mask_BT, staleness_BT, max_staleness: int) -> dict:
+    """The per-staleness statistics: a fixed set of keys (0..k, no host sync), NaN where a bin has no token."""
+    out = {}
+    for j in range(max_staleness + 1):
+        bin_BT = mask_BT & (staleness_BT == j)
+        ti, st = _kl_stats(d_ti, bin_BT), _kl_stats(d_st, bin_BT)
+        tot = _kl_stats(d_ti + d_st, bin_BT)
+        for key, stat in (("ti_kl_k1", ti["kl_k1"]), ("ti_kl_k3", ti["kl_k3"]), ("st_kl_k1", st["kl_k1"]),
+                          ("tot_kl_k3", tot["kl_k3"])):
+            out[f"stale/{j}/{key}"] = ops.Ratio(stat.num, stat.den, empty=float("nan"))
+        out[f"stale/{j}/ti_abs_logdiff_max"] = ti["abs_logdiff_max"]
     return out

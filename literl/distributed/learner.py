@@ -30,6 +30,10 @@ class RankWeights:
     def ranks(self) -> list:
         return self.learner.ranks
 
+    def module(self) -> torch.nn.Module:
+        """The weights gathered whole in this process (an asynchronous run snapshots them as a policy version)."""
+        return self.learner.policy()
+
 
 class RayLearner:
     def __init__(self, ray, cfg, *, policy: torch.nn.Module, reference: torch.nn.Module | None, objective,

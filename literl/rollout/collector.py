@@ -158,6 +158,27 @@ class Collector:
         self.record_forward = record_forward     # ask the engine to keep its forward for the update to replay
         self._next_group_id = 0
         self._tiers = tier_labels(problems)
+        self._dropped_on_resume = 0
+
+    # ------------------------------------------------------------------------------------ the loop's bookkeeping
+    def position(self) -> dict:
+        """Where the next batch starts (cheap): what `rewind` returns to when a step fails before it trained."""
+        return self.stream.state_dict()
+
+    def rewind(self, position: dict) -> None:
+        self.stream.load_state_dict(position)
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the rollout side: the prompt stream's position."""
+        return {"stream": self.stream.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from a checkpoint's state. Batches an asynchronous run had in flight
+        (`literl.rollout.async_rollout`) are older than this synchronous loop allows: they are dropped (counted in
+        the next step's `async/dropped_rows`) and the stream continues after them."""
+        self.stream.load_state_dict(state["stream"])
+        in_flight = (state.get("rollouts_in_flight") or {}).get("batches", [])
+        self._dropped_on_resume = sum(len(b["batch"]["responses"]) for b in in_flight)
 
     def collect(self, rng: torch.Generator) -> tuple[RolloutBatch, dict[str, float]]:
         rounds: list[_Round] = []
@@ -167,7 +188,10 @@ class Collector:
             rounds.append(rnd)
             kept_groups += len(torch.unique(rnd.group_B[rnd.keep_B]))
         batch = self._assemble(rounds)
-        return batch, self._metrics(rounds, batch)
+        metrics = self._metrics(rounds, batch)
+        if self._dropped_on_resume:
+            metrics["async/dropped_rows"], self._dropped_on_resume = float(self._dropped_on_resume), 0
+        return batch, metrics
 
     def _sample_round(self, num_prompts: int, rng: torch.Generator) -> _Round:
         chosen = self.stream.take(num_prompts)

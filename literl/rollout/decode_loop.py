@@ -92,14 +92,16 @@ class SamplingBuffers:
 
 def sample_tokens(decoder: Decoder, first_logits_BV: torch.Tensor, params: SamplingParams,
                   rng: torch.Generator | None, buffers: SamplingBuffers, *, sync_every: int,
-                  buckets: list[int] | None = None, graphs: BucketGraphs | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  buckets: list[int] | None = None, graphs: BucketGraphs | None = None,
+                  before_step: Callable[[int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample T tokens per row; return (ids_BT, logp_BT), pad / 0 after a row left the batch.
 
     The first token comes from the prefill's logits, each later one from `decoder.step_and_sample`. `buckets`
     (`cuda_graphs.decode_buckets`): the batch sizes to run at (the decoder must take trash slots: a
     `FixedShapeDecoder`); None: exactly the running rows. `graphs`: replay each step as its bucket's CUDA graph
-    (the decoder's `device_step`, which touches no host state, then its `count_step`).
+    (the decoder's `device_step`, which touches no host state, then its `count_step`). `before_step(t)`: called
+    on the host before decode step t >= 1 (an asynchronous producer swaps the weights in place there, outside any
+    capture, or raises to abandon the generation).
     """
     (B, V), T, device = first_logits_BV.shape, params.max_new_tokens, first_logits_BV.device
 
@@ -147,6 +149,8 @@ def sample_tokens(decoder: Decoder, first_logits_BV: torch.Tensor, params: Sampl
                     decoder.keep(kept_R, target)
                 buffers.keep(kept_R, target)
                 slots = target
+        if before_step is not None:
+            before_step(t)
         if graphs is None:
             step(slots)
         else:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -158,7 +158,12 @@ class HFEngine:
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 *, rng: torch.Generator | None = None, record_forward: bool = False) -> Generation:
+                 *, rng: torch.Generator | None = None, record_forward: bool = False,
+                 before_step: Callable[[int], None] | None = None) -> Generation:
+        """`before_step(t)`, when given, runs before every decode step t >= 1 (the forward that samples token t):
+        an asynchronous producer loads a newer policy version there (partial rollouts, `literl.rollout.
+        async_rollout`: the weights are copied in place, so captured CUDA graphs read the new ones), or raises to
+        abandon the generation."""
         device = self.device
         B, T = len(prompts), params.max_new_tokens
         if B == 0:
@@ -183,7 +188,8 @@ class HFEngine:
                 # exact reference); elsewhere batches are exact.
                 fixed_on_cuda = route in ("fixed", CUDA_GRAPHS) and captures_cuda_graphs(device)
                 ids_BT, logp_BT = self._sample(decoder, first_logits_UV[prepared.source_B], params, rng, buffers,
-                                               sync_every, decode_buckets(B) if fixed_on_cuda else None, captured)
+                                               sync_every, decode_buckets(B) if fixed_on_cuda else None, captured,
+                                               before_step)
         finally:
             self.model.train(was_training)
         generation = self._generation(ids_BT, logp_BT)
@@ -255,12 +261,13 @@ class HFEngine:
 
     def _sample(self, decoder: Decoder, first_logits_BV: torch.Tensor, params: SamplingParams,
                 rng: torch.Generator | None, buffers: SamplingBuffers, sync_every: int, buckets: list[int] | None,
-                captured: "_CapturedDecode | None") -> tuple[torch.Tensor, torch.Tensor]:
+                captured: "_CapturedDecode | None", before_step: Callable[[int], None] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         device = first_logits_BV.device
         source = _device_rng(rng, device)
         if captured is None:
             return sample_tokens(decoder, first_logits_BV, params, source, buffers, sync_every=sync_every,
-                                 buckets=buckets)
+                                 buckets=buckets, before_step=before_step)
         # The graphs draw from the generator registered with them: it takes the run's generator state, and gives
         # it back advanced as the same eager draws would have.
         generator = captured.generator
@@ -269,7 +276,7 @@ class HFEngine:
         else:
             generator.set_state(source.get_state())
         out = sample_tokens(decoder, first_logits_BV, params, generator, buffers, sync_every=sync_every,
-                            buckets=buckets, graphs=captured.graphs)
+                            buckets=buckets, graphs=captured.graphs, before_step=before_step)
         if source is not None:
             source.set_state(generator.get_state())
         return out

@@ -104,6 +104,9 @@ class VllmEngine:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             raise
         start = time.perf_counter()
+        # What `restart` starts a new process with (an asynchronous run restarts an engine that died).
+        self._process_args = dict(python=python, llm_kwargs=llm_kwargs, start_timeout_s=start_timeout_s,
+                                  env=_engine_env(env, threads, enforce_eager))
         self.process = EngineProcess(python, model_dir=model_dir, llm_kwargs=llm_kwargs, work_dir=self.work_dir,
                                      log_path=log_path, start_timeout_s=start_timeout_s, call_timeout_s=call_timeout_s,
                                      env=_engine_env(env, threads, enforce_eager))
@@ -232,6 +235,36 @@ class VllmEngine:
                   "ipc_handles": [{uuid: reduce_tensor(t)[1]} for t in shared.values()]}
         engine = self.process.call("update_weights_ipc", update)
         return sum(t.numel() * t.element_size() for t in shared.values()), engine
+
+
+    # -------------------------------------------------------------------------------------------- restart
+    @property
+    def alive(self) -> bool:
+        """Whether the engine process is running and connected."""
+        return self.process.alive
+
+    def restart(self, policy: torch.nn.Module) -> None:
+        """Stop what is left of the engine process and start a new one on `policy`'s weights, with the same
+        settings and log (appended to). For asynchronous runs (`literl.rollout.async_rollout.VersionedEngine`):
+        an engine killed mid-flight costs the generation it was serving, which is then sampled again."""
+        self.process.close()
+        shm = os.path.dirname(self.work_dir)
+        self.work_dir = tempfile.mkdtemp(prefix="literl-vllm-", dir=shm)
+        model_dir = os.path.join(self.work_dir, "model")
+        try:
+            self._save_model(policy, model_dir)
+        except BaseException:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            raise
+        args = self._process_args
+        start = time.perf_counter()
+        self.process = EngineProcess(args["python"], model_dir=model_dir, llm_kwargs=args["llm_kwargs"],
+                                     work_dir=self.work_dir, log_path=self.log_path,
+                                     start_timeout_s=args["start_timeout_s"], env=args["env"])
+        self.start_seconds = time.perf_counter() - start
+        for name in os.listdir(model_dir):
+            if name.endswith(".safetensors"):
+                os.remove(os.path.join(model_dir, name))
 
 
 def engine_from_config(cfg, policy: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_id: int,

@@ -66,6 +66,7 @@ class Trainer:
         self._weights_moved = False                     # an optimizer step of the step in progress has run
         self._non_finite_in_a_row = 0
         self._signal_warnings: set[str] = set()
+        self._last_step_end: float | None = None         # for the end-to-end token rate
 
     # ------------------------------------------------------------------------------------------ the loop
     def fit(self) -> Path:
@@ -82,6 +83,7 @@ class Trainer:
             self._evaluate("before")
         p.console.start(total=cfg.trainer.steps, done=self.step)
         last_save = time.monotonic()
+        self._last_step_end = time.perf_counter()
         with _deferred_interrupts() as stop_requested:
             try:
                 while self.step < cfg.trainer.steps and not stop_requested():
@@ -129,7 +131,7 @@ class Trainer:
         """What a step changes besides the weights: restored when a step fails before its first optimizer step,
         so that the checkpoint written then is exactly the state after the previous step."""
         p = self.parts
-        return {"rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
+        return {"rng": rng_state(self.rng), "collector": p.collector.position(),
                 "diagnostics": p.diagnostics.state_dict()}       # state_dict()s are fresh copies
 
     def _save_after_failure(self, err: Exception) -> None:
@@ -145,7 +147,7 @@ class Trainer:
         if self.step == 0:
             return                      # nothing trained yet: a restart is as good as a checkpoint
         if failed_in_step:
-            p.collector.stream.load_state_dict(self._step_start["stream"])
+            p.collector.rewind(self._step_start["collector"])
             restore_rng_state(self._step_start["rng"], self.rng)
             p.diagnostics.load_state_dict(self._step_start["diagnostics"])
         if self._saved and self._saved[0] == self.step:
@@ -231,13 +233,18 @@ class Trainer:
                                 f"({self._non_finite_in_a_row} in a row; the run stops after "
                                 f"trainer.max_non_finite_steps={limit})")
 
-    @staticmethod
-    def _timing(timer: PhaseTimer, batch, metrics: dict) -> dict[str, float]:
+    def _timing(self, timer: PhaseTimer, batch, metrics: dict) -> dict[str, float]:
         total = sum(timer.seconds.values())
         generated = float(metrics.get("collect/generated_tokens", batch.num_tokens))
         out = {f"time/{k}": v for k, v in timer.seconds.items()}
         out.update({"time/step": total, "throughput/generated_tokens_per_s": generated / max(total, 1e-9),
                     "throughput/trained_tokens_per_s": batch.num_tokens / max(timer.seconds.get("update", 0), 1e-9)})
+        # Generated tokens per wall second from the end of the previous step to the end of this one (evaluations and
+        # checkpoints in between included): the rate an asynchronous run raises by overlapping the phases.
+        now = time.perf_counter()
+        if self._last_step_end is not None:
+            out["throughput/end_to_end_tokens_per_s"] = generated / max(now - self._last_step_end, 1e-9)
+        self._last_step_end = now
         for key in ("time/generate", "time/reward"):   # reported by the collector inside the rollout phase
             if key in metrics:
                 out[key] = metrics[key]
@@ -255,7 +262,8 @@ class Trainer:
     def _save_checkpoint(self) -> Path:
         p = self.parts
         self._refuse_non_finite_weights("a checkpoint")
-        state = {**p.learner.state_dict(), "rng": rng_state(self.rng), "stream": p.collector.stream.state_dict(),
+        # The collector's state: the prompt stream's position (and an asynchronous run's batches in flight).
+        state = {**p.learner.state_dict(), "rng": rng_state(self.rng), **p.collector.state_dict(),
                  "eval_results": self.eval_results, "diagnostics": p.diagnostics.state_dict()}
         path = save_checkpoint(p.run_dir, self.step, model=p.learner.policy(), tokenizer=p.tokenizer, trainer_state=state,
                                keep=self.cfg.trainer.keep_checkpoints, config_text=to_yaml(self.cfg))
@@ -284,7 +292,7 @@ class Trainer:
         path, state = resumed.path, resumed.state
         p.learner.load_state_dict(state)
         restore_rng_state(state["rng"], self.rng)
-        p.collector.stream.load_state_dict(state["stream"])
+        p.collector.load_state_dict(state)
         p.diagnostics.load_state_dict(state.get("diagnostics", {}))
         self.eval_results = state.get("eval_results", {})
         self.step = int(state["step"])

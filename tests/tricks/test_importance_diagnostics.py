@@ -32,6 +32,37 @@ def test_is_decomposition_hand():
     assert all(math.isfinite(v) for v in scalars(out).values())
 
 
+def test_per_staleness_breakdown_hand():
+    """Two rows of two tokens, k = 2: row 0 sampled 0 versions ago, row 1 2 versions ago (its last token padding).
+    d_ti = [[−log 2, 0], [log 2, ·]], d_st = [[0, 0], [−log 2, ·]].
+    staleness 0: ti_kl_k1 = mean(−d_ti) = 0.6931/2 = 0.3466, ti_kl_k3 = (0.5 − 1 + 0.6931 + 0)/2 = 0.0966,
+                 ti_abs_logdiff_max 0.6931, st_kl_k1 0, tot_kl_k3 = ti's 0.0966;
+    staleness 2: ti_kl_k1 = −0.6931, ti_kl_k3 = 2 − 1 − 0.6931 = 0.3069, st_kl_k1 = 0.6931,
+                 tot: d = 0 → 0;   staleness 1: no token → NaN (null in metrics.jsonl), its max left out.
+    Micro-batch split: the per-row sums combine exactly (row by row gives the same step values)."""
+    rollout = torch.tensor([[L(0.5), L(0.5)], [L(0.25), 0.0]])
+    old = torch.tensor([[L(0.25), L(0.5)], [L(0.5), 0.0]])
+    logp = torch.tensor([[L(0.25), L(0.5)], [L(0.25), 0.0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    staleness = torch.tensor([[0, 0], [2, -1]])
+    out = is_decomposition(logp, old, rollout, mask, staleness, max_staleness=2)
+    expected = {"stale/0/ti_kl_k1": 0.3466, "stale/0/ti_kl_k3": 0.0966, "stale/0/ti_abs_logdiff_max": 0.6931,
+                "stale/0/st_kl_k1": 0.0, "stale/0/tot_kl_k3": 0.0966, "stale/2/ti_kl_k1": -0.6931,
+                "stale/2/ti_kl_k3": 0.3069, "stale/2/st_kl_k1": 0.6931, "stale/2/tot_kl_k3": 0.0,
+                "stale/2/ti_abs_logdiff_max": 0.6931}
+    whole = scalars(out)
+    for key, value in expected.items():
+        assert whole[key] == pytest.approx(value, abs=1e-4), key
+    assert math.isnan(whole["stale/1/ti_kl_k1"]) and "stale/1/ti_abs_logdiff_max" not in whole
+    split = MetricAccumulator()
+    for row in range(2):
+        split.add(is_decomposition(logp[row:row + 1], old[row:row + 1], rollout[row:row + 1], mask[row:row + 1],
+                                   staleness[row:row + 1], max_staleness=2))
+    by_rows = split.result()
+    for key, value in expected.items():
+        assert by_rows[key] == pytest.approx(value, abs=1e-4), key
+
+
 HAND_CASES = {"is_decomposition": test_is_decomposition_hand}
 
 
