@@ -80,6 +80,25 @@ MISMATCH_PANELS = [
 ]
 ENTROPY_PANELS = [Panel("entropy/mean", "mean token entropy", NATS),
                   Panel("entropy/token_max", "max token entropy", "nats")]
+# Token- vs sequence-level weighting (LitePPO Takeaway 7) and length budgets (Takeaway 8) act on how much response
+# lengths differ within a step, and on whether correct and wrong responses differ in length.
+TOKENS = "tokens"
+LENGTH_PANELS = [
+    Panel("response_length/p10", "length, 10th percentile", TOKENS), Panel("response_length/mean", "length, mean", TOKENS),
+    Panel("response_length/p90", "length, 90th percentile", TOKENS),
+    Panel("response_length/cv", "length spread (std / mean)", "coefficient of variation"),
+    Panel("response_length/correct_mean", "length of correct responses", TOKENS),
+    Panel("response_length/wrong_mean", "length of wrong responses", TOKENS),
+]
+# The tail of the training–inference IS weights (MiniRL §5.1): what an uncorrected gradient takes at full weight
+# and the truncated weight min(π/μ, C) cuts.
+IS_TAIL_PANELS = [
+    Panel("ti/abs_logdiff_max", "max |log π_old − log μ|", "nats", floor=1e-4, floor_cause=F32_ROUNDING),
+    Panel("ti/chi2_token", "χ² of token weights", "E[w²] − 1", floor=1e-6, floor_cause=F32_ROUNDING),
+    Panel("ti/chi2_seq", "χ² of sequence weights", "E[w²] − 1", floor=1e-6, floor_cause=F32_ROUNDING),
+    Panel("policy_loss/is_weight_max", "largest IS weight used", "π/μ (truncated)"),
+    Panel("policy_loss/is_truncated_frac", "IS weights truncated", FRACTION_OF_TOKENS),
+]
 
 
 class Figures:
@@ -196,21 +215,38 @@ def _statistics_section(summary: dict) -> str:
     return "".join(parts)
 
 
-def _curves_section(records, variants, scenarios, styles, metric: str, figures: Figures) -> str:
-    unit = "accuracy (fraction)" if metric.endswith("accuracy") else metric
-    held_out = [Panel(metric, metric, unit, "eval")]
-    greedy = metric.replace("/accuracy", "/greedy_accuracy")
-    if greedy != metric:
-        held_out.append(Panel(greedy, greedy, unit, "eval"))
-
+def _curves_section(records, variants, scenarios, styles, metric: str, figures: Figures,
+                    metric_source: str = "eval") -> str:
     def figure(name, panels, what):
         return figures.html(name, plots.curves_figure(records, panels, variants, scenarios, styles), what)
 
-    return ("<h2>Learning curves</h2>"
-            f"<h3>Held-out accuracy</h3><p class='note'>{HELD_OUT_NOTE}</p>"
+    if metric_source == "eval":
+        accuracy_keys = [metric]
+        scored = ""
+    else:       # a training metric is scored: draw it first, then whatever held-out accuracy the runs logged
+        accuracy_keys = sorted({k for r in records for k in r.eval_keys() if k.endswith("/accuracy")
+                                and not k.endswith("greedy_accuracy")})
+        scored = (f"<h3>The scored metric</h3><p class='note'>{TRAIN_NOTE.split(' Clipped')[0]}</p>"
+                  + figure("scored", [Panel(metric, metric, _unit(metric))], metric))
+    held_out = []
+    for key in accuracy_keys:
+        held_out.append(Panel(key, key, "accuracy (fraction)" if key.endswith("accuracy") else key, "eval"))
+        greedy = key.replace("/accuracy", "/greedy_accuracy")
+        if greedy != key:
+            held_out.append(Panel(greedy, greedy, held_out[-1].unit, "eval"))
+    return ("<h2>Learning curves</h2>" + scored
+            + f"<h3>Held-out accuracy</h3><p class='note'>{HELD_OUT_NOTE}</p>"
             + figure("held_out", held_out, "held-out accuracy")
             + f"<h3>Training</h3><p class='note'>{TRAIN_NOTE}</p>"
             + figure("training", TRAINING_PANELS, "training metrics"))
+
+
+def _unit(key: str) -> str:
+    """The y-axis label of a training metric scored by a spec: the unit of its panel in the report, if it has one."""
+    for panel in [*TRAINING_PANELS, *ENTROPY_PANELS, *IS_PANELS, *MISMATCH_PANELS]:
+        if panel.key == key:
+            return panel.unit
+    return key
 
 
 def _clipped_tokens_html(records, variants, scenarios) -> str:
@@ -295,7 +331,11 @@ def _mean_table(records, variants, scenarios, panels: Sequence[Panel]) -> str:
 
 def _diagnostics_section(records, variants, scenarios, styles, figures: Figures) -> str:
     tiers = [Panel(k, f"reward std, {k.rsplit('/', 1)[-1]}", "std of reward")
-             for k in plots.keys_with_prefix(records, "groups/reward_std/")]
+             for k in sorted(plots.keys_with_prefix(records, "groups/reward_std/"), key=plots.natural_key)]
+    drift = [Panel(k, f"routes agree, mini-batch {k.rsplit('mb', 1)[-1]}", AGREEMENT)
+             for k in sorted(plots.keys_with_prefix(records, "moe/route_agree_st_mb"), key=plots.natural_key)]
+    drift += [Panel(k, f"KL staleness, mini-batch {k.rsplit('mb', 1)[-1]}", NATS)
+              for k in sorted(plots.keys_with_prefix(records, "st/ppo_kl_mb"), key=plots.natural_key)]
 
     def figure(name, panels, what):
         return figures.html(name, plots.curves_figure(records, panels, variants, scenarios, styles), what)
@@ -307,6 +347,13 @@ def _diagnostics_section(records, variants, scenarios, styles, figures: Figures)
         "diagnostics.json). The LitePPO paper found discourse connectives clipped at ε_high = 0.2 and function "
         "tokens at 0.28 (algorithms.md §8.2.4).</p>",
         _clipped_tokens_html(records, variants, scenarios),
+        "<h3>Response lengths</h3><p class='note'>How far apart response lengths are within a step (10th and "
+        "90th percentiles, std / mean) and how long correct and wrong responses are. Sequence-level aggregation "
+        "weighs each token of response i by 1/L_i, token-level by 1/Σ L: they differ only when lengths differ "
+        "(LitePPO Takeaway 7, algorithms.md §3); a length budget below the long correct solutions truncates them "
+        "(Takeaway 8). The table averages each run's steps, then the seeds.</p>",
+        _mean_table(records, variants, scenarios, LENGTH_PANELS),
+        figure("lengths", LENGTH_PANELS, "response_length/*"),
         "<h3>Repetition of truncated responses</h3><p class='note'>Fraction of truncated responses whose tail is "
         "a repetition loop (a periodic suffix covering ≥ 20% of the response), per step; the table weights each "
         "step by its truncation rate. The paper: wrong responses repeat far more than correct ones, and overlong "
@@ -328,6 +375,19 @@ def _diagnostics_section(records, variants, scenarios, styles, figures: Figures)
         "(algorithms.md §6–7). The table averages each run's steps, then the seeds.</p>",
         _mean_table(records, variants, scenarios, MISMATCH_PANELS),
         figure("mismatch_routing", MISMATCH_PANELS, "ti/kl_k1, ti/abs_logdiff_max, ti/ess, moe/route_agree_*"),
+        "<h3>Tails of the training–inference IS weights</h3><p class='note'>The worst token's log-ratio, the χ² "
+        "divergence (the variance of the weights per token and per sequence), the largest weight the loss used "
+        "and the share it truncated: the tokens an uncorrected gradient takes at full weight (MiniRL §5.1). The "
+        "table averages each run's steps, then the seeds.</p>",
+        _mean_table(records, variants, scenarios, IS_TAIL_PANELS),
+        figure("is_tails", IS_TAIL_PANELS, "ti/chi2_*, policy_loss/is_weight_max, policy_loss/is_truncated_frac"),
+        "<h3>Route drift by mini-batch</h3><p class='note'>Share of (token, layer) pairs whose top-k experts under "
+        "θ are those of θ_old, and the staleness KL, for each mini-batch of a step (mini-batch k follows k "
+        "optimizer steps on the batch): off-policy updates move routes further with every mini-batch, which is "
+        "what Routing Replay fixes (MiniRL §5.2; algorithms.md §6). The table averages each run's steps, then the "
+        "seeds.</p>",
+        _mean_table(records, variants, scenarios, drift),
+        figure("route_drift", drift, "moe/route_agree_st_mb*, st/ppo_kl_mb*"),
         "<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant to "
         "slow its collapse (§8.2.3).</p>",
         figure("entropy", ENTROPY_PANELS, "entropy/*"),
@@ -346,7 +406,8 @@ def build_report(path: str | Path, records: Sequence[RunRecord], summary: dict, 
             f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M')} by <code>literl</code> from "
             f"{len(records)} run directories; {summary['runs']['used']} finished runs enter the statistics.</p>",
             _setup_section(spec_info, records), _statistics_section(summary),
-            _curves_section(records, variants, scenarios, styles, summary["metric"], figures),
+            _curves_section(records, variants, scenarios, styles, summary["metric"], figures,
+                            summary.get("metric_source", "eval")),
             _diagnostics_section(records, variants, scenarios, styles, figures)]
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>")
