@@ -20,6 +20,7 @@ from typing import Sequence
 from literl.arena import plots
 from literl.arena.plots import Panel
 from literl.arena.runs import RunRecord
+from literl.arena.spec import MECHANISM_SECTIONS
 from literl.arena.stats import SCORES
 from literl.arena.summary import format_cell, format_detectable
 from literl.data.files import write_text_atomic
@@ -329,7 +330,11 @@ def _mean_table(records, variants, scenarios, panels: Sequence[Panel]) -> str:
     return _table(["variant", "scenario", "runs", *(f"<code>{_e(p.key)}</code>" for p in logged)], rows)
 
 
-def _diagnostics_section(records, variants, scenarios, styles, figures: Figures) -> str:
+def _diagnostics_section(records, variants, scenarios, styles, figures: Figures,
+                         lead: Sequence[str] = ()) -> str:
+    """The mechanism diagnostics, one section each (MECHANISM_SECTIONS); the ones a spec names as the mechanism of
+    its finding (`mechanism:`) come first, under their own heading, so the panel that explains the result is the
+    first diagnostic a reader meets after the learning curves."""
     tiers = [Panel(k, f"reward std, {k.rsplit('/', 1)[-1]}", "std of reward")
              for k in sorted(plots.keys_with_prefix(records, "groups/reward_std/"), key=plots.natural_key)]
     drift = [Panel(k, f"routes agree, mini-batch {k.rsplit('mb', 1)[-1]}", AGREEMENT)
@@ -340,58 +345,76 @@ def _diagnostics_section(records, variants, scenarios, styles, figures: Figures)
     def figure(name, panels, what):
         return figures.html(name, plots.curves_figure(records, panels, variants, scenarios, styles), what)
 
-    return "".join([
-        "<h2>Mechanism diagnostics</h2>",
-        "<h3>Clipped tokens</h3><p class='note'>The token strings that most often hit a binding clip bound "
-        "(low: A&lt;0 and ρ&lt;1−ε_low; high: A&gt;0 and ρ&gt;1+ε_high), summed over seeds (top 20 per run, from "
-        "diagnostics.json). The LitePPO paper found discourse connectives clipped at ε_high = 0.2 and function "
-        "tokens at 0.28 (algorithms.md §8.2.4).</p>",
-        _clipped_tokens_html(records, variants, scenarios),
-        "<h3>Response lengths</h3><p class='note'>How far apart response lengths are within a step (10th and "
-        "90th percentiles, std / mean) and how long correct and wrong responses are. Sequence-level aggregation "
-        "weighs each token of response i by 1/L_i, token-level by 1/Σ L: they differ only when lengths differ "
-        "(LitePPO Takeaway 7, algorithms.md §3); a length budget below the long correct solutions truncates them "
-        "(Takeaway 8). The table averages each run's steps, then the seeds.</p>",
-        _mean_table(records, variants, scenarios, LENGTH_PANELS),
-        figure("lengths", LENGTH_PANELS, "response_length/*"),
-        "<h3>Repetition of truncated responses</h3><p class='note'>Fraction of truncated responses whose tail is "
-        "a repetition loop (a periodic suffix covering ≥ 20% of the response), per step; the table weights each "
-        "step by its truncation rate. The paper: wrong responses repeat far more than correct ones, and overlong "
-        "filtering lowers the repeat ratio (§8.2.6–7).</p>",
-        _repetition_table(records, variants, scenarios), figure("repetition", REPETITION_PANELS, "repetition/*"),
-        "<h3>Reward std within groups, by difficulty tier</h3><p class='note'>On easy data the within-group std "
-        "falls fast, so dividing advantages by it amplifies small differences (§8.2.2).</p>",
-        figure("reward_std_by_tier", tiers, "groups/reward_std/<tier>"),
-        "<h3>Importance-weight decomposition</h3><p class='note'>π_θ/μ = [π_old/μ] (training–inference, "
-        "<code>ti/*</code>) × [π_θ/π_old] (staleness, <code>st/*</code>); <code>share/*</code> says which factor "
-        "carries the total |log w| (algorithms.md §7).</p>",
-        figure("is_decomposition", IS_PANELS, "ti/*, st/*, share/*"),
-        "<h3>Training–inference mismatch and Routing Replay</h3><p class='note'>The gap between the engine that "
-        "sampled (μ) and the trainer at θ_old (<code>ti/*</code>: KL(μ‖π_old) as the MiniRL paper plots it, the "
-        "worst token's log-ratio, the effective sample size of the token weights), and on MoE models the share of "
-        "(token, layer) pairs whose top-k experts agree between the engine and the trainer "
-        "(<code>moe/route_agree_ti</code>) and between θ_old and θ in the update "
-        "(<code>moe/route_agree_st</code>); Routing Replay (R2/R3) makes the replayed side agree by construction "
-        "(algorithms.md §6–7). The table averages each run's steps, then the seeds.</p>",
-        _mean_table(records, variants, scenarios, MISMATCH_PANELS),
-        figure("mismatch_routing", MISMATCH_PANELS, "ti/kl_k1, ti/abs_logdiff_max, ti/ess, moe/route_agree_*"),
-        "<h3>Tails of the training–inference IS weights</h3><p class='note'>The worst token's log-ratio, the χ² "
-        "divergence (the variance of the weights per token and per sequence), the largest weight the loss used "
-        "and the share it truncated: the tokens an uncorrected gradient takes at full weight (MiniRL §5.1). The "
-        "table averages each run's steps, then the seeds.</p>",
-        _mean_table(records, variants, scenarios, IS_TAIL_PANELS),
-        figure("is_tails", IS_TAIL_PANELS, "ti/chi2_*, policy_loss/is_weight_max, policy_loss/is_truncated_frac"),
-        "<h3>Route drift by mini-batch</h3><p class='note'>Share of (token, layer) pairs whose top-k experts under "
-        "θ are those of θ_old, and the staleness KL, for each mini-batch of a step (mini-batch k follows k "
-        "optimizer steps on the batch): off-policy updates move routes further with every mini-batch, which is "
-        "what Routing Replay fixes (MiniRL §5.2; algorithms.md §6). The table averages each run's steps, then the "
-        "seeds.</p>",
-        _mean_table(records, variants, scenarios, drift),
-        figure("route_drift", drift, "moe/route_agree_st_mb*, st/ppo_kl_mb*"),
-        "<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant to "
-        "slow its collapse (§8.2.3).</p>",
-        figure("entropy", ENTROPY_PANELS, "entropy/*"),
-    ])
+    sections = {
+        "clipped_tokens": lambda: "".join([
+            "<h3>Clipped tokens</h3><p class='note'>The token strings that most often hit a binding clip bound "
+            "(low: A&lt;0 and ρ&lt;1−ε_low; high: A&gt;0 and ρ&gt;1+ε_high), summed over seeds (top 20 per run, "
+            "from diagnostics.json). The LitePPO paper found discourse connectives clipped at ε_high = 0.2 and "
+            "function tokens at 0.28 (algorithms.md §8.2.4).</p>",
+            _clipped_tokens_html(records, variants, scenarios)]),
+        "lengths": lambda: "".join([
+            "<h3>Response lengths</h3><p class='note'>How far apart response lengths are within a step (10th and "
+            "90th percentiles, std / mean) and how long correct and wrong responses are. Sequence-level "
+            "aggregation weighs each token of response i by 1/L_i, token-level by 1/Σ L: they differ only when "
+            "lengths differ (LitePPO Takeaway 7, algorithms.md §3); a length budget below the long correct "
+            "solutions truncates them (Takeaway 8). The table averages each run's steps, then the seeds.</p>",
+            _mean_table(records, variants, scenarios, LENGTH_PANELS),
+            figure("lengths", LENGTH_PANELS, "response_length/*")]),
+        "repetition": lambda: "".join([
+            "<h3>Repetition of truncated responses</h3><p class='note'>Fraction of truncated responses whose tail "
+            "is a repetition loop (a periodic suffix covering ≥ 20% of the response), per step; the table weights "
+            "each step by its truncation rate. The paper: wrong responses repeat far more than correct ones, and "
+            "overlong filtering lowers the repeat ratio (§8.2.6–7).</p>",
+            _repetition_table(records, variants, scenarios), figure("repetition", REPETITION_PANELS, "repetition/*")]),
+        "reward_std_by_tier": lambda: "".join([
+            "<h3>Reward std within groups, by difficulty tier</h3><p class='note'>On easy data the within-group "
+            "std falls fast, so dividing advantages by it amplifies small differences (§8.2.2).</p>",
+            figure("reward_std_by_tier", tiers, "groups/reward_std/<tier>")]),
+        "is_decomposition": lambda: "".join([
+            "<h3>Importance-weight decomposition</h3><p class='note'>π_θ/μ = [π_old/μ] (training–inference, "
+            "<code>ti/*</code>) × [π_θ/π_old] (staleness, <code>st/*</code>); <code>share/*</code> says which "
+            "factor carries the total |log w| (algorithms.md §7).</p>",
+            figure("is_decomposition", IS_PANELS, "ti/*, st/*, share/*")]),
+        "mismatch_routing": lambda: "".join([
+            "<h3>Training–inference mismatch and Routing Replay</h3><p class='note'>The gap between the engine "
+            "that sampled (μ) and the trainer at θ_old (<code>ti/*</code>: KL(μ‖π_old) as the MiniRL paper plots "
+            "it, the worst token's log-ratio, the effective sample size of the token weights), and on MoE models "
+            "the share of (token, layer) pairs whose top-k experts agree between the engine and the trainer "
+            "(<code>moe/route_agree_ti</code>) and between θ_old and θ in the update "
+            "(<code>moe/route_agree_st</code>); Routing Replay (R2/R3) makes the replayed side agree by "
+            "construction (algorithms.md §6–7). The table averages each run's steps, then the seeds.</p>",
+            _mean_table(records, variants, scenarios, MISMATCH_PANELS),
+            figure("mismatch_routing", MISMATCH_PANELS, "ti/kl_k1, ti/abs_logdiff_max, ti/ess, moe/route_agree_*")]),
+        "is_tails": lambda: "".join([
+            "<h3>Tails of the training–inference IS weights</h3><p class='note'>The worst token's log-ratio, the "
+            "χ² divergence (the variance of the weights per token and per sequence), the largest weight the loss "
+            "used and the share it truncated: the tokens an uncorrected gradient takes at full weight (MiniRL "
+            "§5.1). The table averages each run's steps, then the seeds.</p>",
+            _mean_table(records, variants, scenarios, IS_TAIL_PANELS),
+            figure("is_tails", IS_TAIL_PANELS, "ti/chi2_*, policy_loss/is_weight_max, policy_loss/is_truncated_frac")]),
+        "route_drift": lambda: "".join([
+            "<h3>Route drift by mini-batch</h3><p class='note'>Share of (token, layer) pairs whose top-k experts "
+            "under θ are those of θ_old, and the staleness KL, for each mini-batch of a step (mini-batch k follows "
+            "k optimizer steps on the batch): off-policy updates move routes further with every mini-batch, which "
+            "is what Routing Replay fixes (MiniRL §5.2; algorithms.md §6). The table averages each run's steps, "
+            "then the seeds.</p>",
+            _mean_table(records, variants, scenarios, drift),
+            figure("route_drift", drift, "moe/route_agree_st_mb*, st/ppo_kl_mb*")]),
+        "entropy": lambda: "".join([
+            "<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant "
+            "to slow its collapse (§8.2.3).</p>",
+            figure("entropy", ENTROPY_PANELS, "entropy/*")]),
+    }
+    assert tuple(sections) == MECHANISM_SECTIONS
+    lead = [name for name in lead if name in sections]
+    parts = []
+    if lead:
+        parts.append("<h2>The mechanism of this finding</h2><p class='note'>The diagnostics the spec names as the "
+                     "mechanism behind its claim (<code>mechanism:</code>); the others follow below.</p>")
+        parts += [sections[name]() for name in lead]
+    parts.append("<h2>Other mechanism diagnostics</h2>" if lead else "<h2>Mechanism diagnostics</h2>")
+    parts += [build() for name, build in sections.items() if name not in lead]
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- the page
@@ -408,7 +431,8 @@ def build_report(path: str | Path, records: Sequence[RunRecord], summary: dict, 
             _setup_section(spec_info, records), _statistics_section(summary),
             _curves_section(records, variants, scenarios, styles, summary["metric"], figures,
                             summary.get("metric_source", "eval")),
-            _diagnostics_section(records, variants, scenarios, styles, figures)]
+            _diagnostics_section(records, variants, scenarios, styles, figures,
+                                 (spec_info or {}).get("mechanism", ()))]
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>")
     if export_dir is not None:

@@ -141,3 +141,19 @@ def test_names_sort_by_the_numbers_inside_them():
             "x/mb2"]
     assert sorted(keys, key=plots.natural_key) == [
         "groups/reward_std/1-3_ops", "groups/reward_std/4-6_ops", "groups/reward_std/10-12_ops", "x/mb2", "x/mb10"]
+
+
+def test_the_sections_a_spec_names_as_its_mechanism_come_first(tmp_path):
+    make_runs(tmp_path, lengths, {**SPEC, "mechanism": ["lengths", "entropy"]})
+    ablation.summarize_ablation(tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    lead = page.split("<h2>The mechanism of this finding</h2>")[1].split("<h2>")[0]
+    assert [h.split("</h3>")[0] for h in lead.split("<h3>")[1:]] == ["Response lengths", "Entropy"]
+    rest = page.split("<h2>Other mechanism diagnostics</h2>")[1]
+    assert "<h3>Response lengths</h3>" not in rest and "<h3>Clipped tokens</h3>" in rest
+    assert page.index("<h2>Statistics</h2>") < page.index("<h2>The mechanism of this finding</h2>")
+
+
+def test_an_unknown_mechanism_section_is_refused_with_a_suggestion():
+    with pytest.raises(ConfigError, match="'length' is not a report section \\(did you mean 'lengths'\\?\\)"):
+        parse_spec({**SPEC, "mechanism": ["length"]})
