@@ -56,7 +56,8 @@ class ModelConfig:
     testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro | moe (a tiny "
                                 "Qwen3-MoE, 8 experts, 2 per token, warmed up like base) | long, long_aligned (base "
                                 "taught the long tier's 1-12 operation chains; aligned: then clean solutions) | "
-                                "moe_flat (moe with router margins shrunk, so routes drift under updates): "
+                                "aligned_varied (aligned taught solutions in randomly chosen equivalent forms: many "
+                                "tokens with valid alternatives) | moe_flat (moe with router margins shrunk, so routes drift under updates): "
                                 "docs/testbed.md")
     testbed_prebuilt: bool = knob(True, "on the testbed's first use, install the weights shipped with literl for "
                                         "its recipe (base) instead of building them (~5 min on 2 cores); false "

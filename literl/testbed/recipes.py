@@ -17,6 +17,11 @@ variant with one more SFT phase, so each costs a short phase on top of a cached 
     long          base + SFT on the long tier (1-12 operations, slips at 0.1 per step): responses 7x apart
                   in length within a batch, for token- vs sequence-level weighting and length budgets
     long_aligned  long + SFT on clean long-tier solutions: the aligned policy of the same regime
+    aligned_varied aligned + SFT on clean solutions written in equivalent forms chosen at random (operand order of
+                  + and *, spaces): a policy with many tokens whose alternatives are also right, as an instruct
+                  model's phrasing choices (the LitePPO paper's aligned Qwen3 put only ~50% of tokens at p ≥ 0.99,
+                  its base models ~90%; `aligned` puts 96% there), so that clipping acts on low-probability tokens
+                  with positive advantages
     moe_flat      moe with its router weights scaled by 1/8 and then held fixed through a short SFT that lets the
                   experts adapt: the same routes with 8x smaller margins between the 2nd and 3rd expert, so that
                   updates move routes between θ_old and θ (the MiniRL study's off-policy setting)
@@ -111,6 +116,9 @@ class TestbedRecipe:
                 holder = holder[key]
             if holder[last] == default:
                 del holder[last]
+        for phase in (out["warmup"], (out["gate"] or {}).get("extension"), out["alignment"]):
+            if phase is not None and phase["style"] == "canonical":
+                del phase["style"]     # SFTPhase.style, added later: in the hash only when set
         return out
 
     def recipe_hash(self) -> str:
@@ -179,13 +187,17 @@ LONG_ALIGNED = dataclasses.replace(
     LONG, variant="long_aligned", parent=LONG,
     alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.0, warmup_steps=20, tier="long"),
 )
+ALIGNED_VARIED = dataclasses.replace(
+    ALIGNED, variant="aligned_varied", parent=ALIGNED, num_threads=1,
+    alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.0, warmup_steps=20, style="varied"),
+)
 MOE_FLAT = dataclasses.replace(
     MOE, variant="moe_flat", parent=MOE, router_scale=0.125, num_threads=1,
     alignment=SFTPhase(steps=200, lr=5e-4, slip_rate=0.2, warmup_steps=20),
 )
 
 VARIANTS: dict[str, TestbedRecipe] = {r.variant: r for r in (BASE, ALIGNED, MICRO, MOE, LONG, LONG_ALIGNED,
-                                                              MOE_FLAT)}
+                                                              ALIGNED_VARIED, MOE_FLAT)}
 
 
 def recipe_for(variant: str) -> TestbedRecipe:

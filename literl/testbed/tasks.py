@@ -125,9 +125,18 @@ def solution_steps(numbers: list[int], ops: list[str], *, slip_rate: float = 0.0
     return steps, true_values[0]
 
 
-def solution_text(steps: list[tuple[int, str, int, int]]) -> str:
-    """One "a op b=c" line per step, then `\\boxed{}` around the last written value."""
-    lines = [f"{left}{op}{right}={result}" for left, op, right, result in steps]
+def solution_text(steps: list[tuple[int, str, int, int]], *, style_rng: random.Random | None = None) -> str:
+    """One "a op b=c" line per step, then `\\boxed{}` around the last written value.
+
+    With `style_rng` (the "varied" style) each line is written in one of the equally valid forms a person might
+    use: the operands of + and * in either order, with or without spaces ("4*5=20", "5 * 4 = 20"), each chosen
+    with probability 1/2 — so a policy trained on them has many tokens with valid alternatives."""
+    lines = []
+    for left, op, right, result in steps:
+        if style_rng is not None and op in "+*" and style_rng.random() < 0.5:
+            left, right = right, left
+        spaced = style_rng is not None and style_rng.random() < 0.5
+        lines.append(f"{left} {op} {right} = {result}" if spaced else f"{left}{op}{right}={result}")
     return "\n".join(lines + [f"\\boxed{{{steps[-1][3]}}}"])
 
 
@@ -148,9 +157,16 @@ def _draw_expression(rng: random.Random, spec: TierSpec) -> tuple[list[int], lis
             return numbers, ops
 
 
+SOLUTION_STYLES = ("canonical", "varied")
+
+
 def problem_stream(*, split: str, tier: str = "mixed", seed: int,
-                   slip_rate: float = 0.0) -> Iterator[dict]:
-    """An endless, seed-determined stream of records from one split and tier (repeats are possible)."""
+                   slip_rate: float = 0.0, style: str = "canonical") -> Iterator[dict]:
+    """An endless, seed-determined stream of records from one split and tier (repeats are possible). `style`
+    "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`); the problems, answers and
+    slips are those of the canonical stream."""
+    if style not in SOLUTION_STYLES:
+        raise ValueError(f"unknown solution style {style!r}; expected one of {SOLUTION_STYLES}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     if tier not in TIERS:
@@ -160,6 +176,7 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     spec = TIERS[tier]
     rng = random.Random(f"literl-testbed:{split}:{tier}:{seed}")
     slip_rng = random.Random(f"literl-testbed-slips:{split}:{tier}:{seed}")
+    style_rng = random.Random(f"literl-testbed-style:{split}:{tier}:{seed}") if style == "varied" else None
     index = 0
     while True:
         numbers, ops = _draw_expression(rng, spec)
@@ -174,7 +191,7 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
             "id": f"{split}-{tier}-{seed}-{index}",
             "problem": f"{PROMPT_PREFIX}{expression}{PROMPT_SUFFIX}",
             "answer": str(answer),
-            "solution": solution_text(steps),
+            "solution": solution_text(steps, style_rng=style_rng),
             "tier": tier,
             "num_ops": len(ops),
             # per-problem hardness for the per-difficulty reward-std diagnostic (the tier is one label

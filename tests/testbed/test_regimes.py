@@ -107,3 +107,37 @@ def test_the_regime_recipes_are_what_docs_testbed_md_says():
     assert MOE_FLAT.parent == MOE and MOE_FLAT.router_scale == 0.125 and MOE_FLAT.experts is not None
     assert isinstance(LONG.measure, MeasureSettings) and LONG.measure.max_new_tokens == 160
     assert isinstance(MOE_FLAT, TestbedRecipe)
+
+
+def test_varied_solutions_are_the_canonical_ones_in_equivalent_forms():
+    """Same problems, answers and values; only the operand order of + and * and the spacing change."""
+    from literl.testbed.tasks import problem_stream
+
+    varied, canonical = problem_stream(split="train", seed=4, style="varied"), problem_stream(split="train", seed=4)
+    forms = set()
+    for _ in range(300):
+        v, c = next(varied), next(canonical)
+        assert (v["problem"], v["answer"]) == (c["problem"], c["answer"])
+        for line_v, line_c in zip(v["solution"].split("\n"), c["solution"].split("\n")):
+            compact = line_v.replace(" ", "")
+            if "=" not in line_c:
+                assert line_v == line_c          # the boxed answer
+                continue
+            lhs_v, rhs_v = compact.split("=")
+            lhs_c, rhs_c = line_c.split("=")
+            assert rhs_v == rhs_c
+            op = next(ch for ch in "+-*" if ch in lhs_c[1:])
+            a, b = lhs_c.split(op, 1)
+            assert lhs_v in ({f"{a}{op}{b}", f"{b}{op}{a}"} if op in "+*" else {f"{a}{op}{b}"})
+            forms.add((" " in line_v, lhs_v != lhs_c))
+    assert forms == {(False, False), (False, True), (True, False), (True, True)}, "every form occurs"
+    with pytest.raises(ValueError, match="solution style"):
+        next(problem_stream(split="train", seed=0, style="fancy"))
+
+
+def test_the_style_field_enters_the_hash_only_when_set():
+    from literl.testbed.recipes import ALIGNED, ALIGNED_VARIED
+
+    assert "style" not in ALIGNED.to_dict()["alignment"] and "style" not in ALIGNED.to_dict()["warmup"]
+    assert ALIGNED_VARIED.to_dict()["alignment"]["style"] == "varied"
+    assert ALIGNED_VARIED.base_recipe() == ALIGNED
