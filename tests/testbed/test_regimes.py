@@ -104,7 +104,7 @@ def test_the_regime_recipes_are_what_docs_testbed_md_says():
     assert LONG.parent == recipe_for("base") and LONG.alignment.tier == "long" and LONG.measure.tier == "long"
     assert LONG.alignment.slip_rate == 0.1 and LONG_ALIGNED.alignment.slip_rate == 0.0
     assert LONG_ALIGNED.parent == LONG and LONG_ALIGNED.base_recipe() == LONG
-    assert MOE_FLAT.parent == MOE and MOE_FLAT.router_scale == 0.125 and MOE_FLAT.experts is not None
+    assert MOE_FLAT.parent == MOE and MOE_FLAT.router_scale == 1 / 64 and MOE_FLAT.experts is not None
     assert isinstance(LONG.measure, MeasureSettings) and LONG.measure.max_new_tokens == 160
     assert isinstance(MOE_FLAT, TestbedRecipe)
 
