@@ -25,6 +25,7 @@ from literl.host_memory import retain_freed_host_memory
 from literl.model import PolicyForward
 from literl.model.capabilities import capabilities, records_forward
 from literl.model.precision import MASTER_DTYPE, PRECISIONS, compute_dtype
+from literl.model.quantize import WEIGHT_FORMATS
 from literl.objective import Objective
 from literl.rollout.collector import Collector, PromptStream
 from literl.rollout.generator import SamplingParams
@@ -302,15 +303,15 @@ def _quiet_hugging_face() -> None:
 def _engine_options(cfg: Config, policy: torch.nn.Module, tokenizer, pad_id: int) -> dict:
     """HFEngine's arguments besides the model and the recorder (the same for the rollout workers of a cluster)."""
     return dict(eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id, dtype=_engine_dtype(cfg),
-                weights="float8_e4m3" if cfg.rollout.dtype == "float8_e4m3" else None, decode=cfg.rollout.decode,
+                weights=cfg.rollout.dtype if cfg.rollout.dtype in WEIGHT_FORMATS else None, decode=cfg.rollout.decode,
                 compile=cfg.rollout.compile)
 
 
 def _engine_dtype(cfg: Config) -> torch.dtype | None:
     """The engine's own precision (None: it samples from the policy module itself, whose float32 master weights
-    the rollout then computes in); an FP8 engine computes in bfloat16 on weights rounded to FP8. A bfloat16 engine
-    keeps its own bfloat16 copy, refreshed at every weight sync."""
-    if cfg.rollout.dtype == "float8_e4m3":
+    the rollout then computes in); an FP8 or 4-bit engine computes in bfloat16 on weights rounded to its format. A
+    bfloat16 engine keeps its own bfloat16 copy, refreshed at every weight sync."""
+    if cfg.rollout.dtype in WEIGHT_FORMATS:
         return torch.bfloat16
     dtype = PRECISIONS[cfg.rollout.dtype]
     return None if dtype == MASTER_DTYPE else dtype

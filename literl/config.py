@@ -54,7 +54,11 @@ class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory (or hub id when the hub is reachable). "
                                   "null: the embedded testbed model")
     testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro | moe (a tiny "
-                                "Qwen3-MoE, 8 experts, 2 per token, warmed up like base: docs/testbed.md)")
+                                "Qwen3-MoE, 8 experts, 2 per token, warmed up like base) | long, long_aligned (base "
+                                "taught the long tier's 1-12 operation chains; aligned: then clean solutions) | "
+                                "aligned_varied (aligned taught solutions in randomly chosen equivalent forms: many "
+                                "tokens with valid alternatives) | moe_flat (moe with router margins shrunk, so routes drift under updates): "
+                                "docs/testbed.md")
     testbed_prebuilt: bool = knob(True, "on the testbed's first use, install the weights shipped with literl for "
                                         "its recipe (base) instead of building them (~5 min on 2 cores); false "
                                         "builds them here (bitwise identical with the build's torch and threads). "
@@ -92,7 +96,8 @@ class DataConfig:
                                          "repeat it")
     chat_template_kwargs: dict[str, Any] = knob(help="extra arguments of the tokenizer's chat template, e.g. "
                                                      "{enable_thinking: false} for Qwen3", factory=dict)
-    difficulty: str = knob("mixed", "testbed training tier: easy | medium | hard | mixed")
+    difficulty: str = knob("mixed", "testbed training tier: easy | medium | hard | mixed | long (1-12 operations, "
+                                    "solutions 7x apart in length: the long testbeds' tier, docs/testbed.md)")
     size: int = knob(20000, "testbed training problems to generate")
     limit: int | None = knob(None, "use only the first N training problems (N >= 1); null: all of them")
     overlong_prompts: str = knob("skip", "problems whose prompt + rollout.max_new_tokens exceeds the model's "
@@ -156,10 +161,12 @@ class RolloutConfig:
     max_new_tokens: int | None = knob(None, "generation cap; a response that reaches it without EOS is truncated; "
                                             "null: the profile's (testbed 64; real 8192, capped by the model's "
                                             "context)")
-    dtype: str = knob("float32", "rollout precision: float32 | bfloat16 | float8_e4m3. bfloat16 makes a real "
-                                 "training–inference mismatch to study IS corrections on CPU; float8_e4m3 rounds the "
-                                 "engine's projection weights to FP8 E4M3 (a scale per output channel) and computes in "
-                                 "bfloat16, the MiniRL paper's FP8-inference stress test (literl/model/quantize.py)")
+    dtype: str = knob("float32", "rollout precision: float32 | bfloat16 | float8_e4m3 | int4. bfloat16 makes a "
+                                 "real training–inference mismatch to study IS corrections on CPU; float8_e4m3 rounds "
+                                 "the engine's projection weights to FP8 E4M3 (a scale per output channel) and "
+                                 "computes in bfloat16, the MiniRL paper's FP8-inference stress test; int4 rounds them "
+                                 "to 4-bit integers (a scale per output channel and 32 inputs), a ~10x larger gap "
+                                 "(literl/model/quantize.py)")
     max_rounds: int = knob(1, "sampling rounds per step; >1 lets a group filter (dynamic sampling) refill "
                               "the batch")
     decode: str = knob("auto", "decode route (engine=hf): auto (on a model the runtime decodes: static on CPU, "

@@ -22,7 +22,7 @@ SINGLE_TRICKS = {"advantage": "advantage", "policy_loss": "policy_loss", "aggreg
 MULTI_TRICKS = {"loss_masks": "loss_mask", "policy_masks": "policy_mask", "reward_shaping": "reward_shaping"}
 CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
-    "rollout.dtype": ("float32", "bfloat16", "float8_e4m3"),
+    "rollout.dtype": ("float32", "bfloat16", "float8_e4m3", "int4"),
     "algorithm.routing_replay": ("none", "r2", "r3"),
     "rollout.decode": ("auto", "static", "fixed", "dynamic"),
     "rollout.engine": ("hf", "vllm"),
@@ -31,8 +31,9 @@ CHOICES = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.packed_attention": ("auto", "off", "varlen", "padded", "document_mask"),
     "data.template": ("auto", "plain", "chat", "raw"),
-    "data.difficulty": ("easy", "medium", "hard", "mixed"),
-    "model.testbed": ("base", "aligned", "micro", "moe"),
+    "data.difficulty": ("easy", "medium", "hard", "mixed", "long"),
+    "model.testbed": ("base", "aligned", "micro", "moe", "long", "long_aligned", "aligned_varied",
+                      "moe_flat"),
     "model.profile": ("auto", "testbed", "real"),
     "algorithm.aggregation_normaliser": ("global", "local"),
     "data.overlong_prompts": ("skip", "error"),

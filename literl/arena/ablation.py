@@ -33,7 +33,7 @@ def spec_info(spec: AblationSpec) -> dict:
     """The parts of a spec the report and a later `literl report` need (JSON-ready)."""
     return {"name": spec.name, "description": spec.description, "paper_finding": spec.paper_finding,
             "preset": spec.preset, "base": list(spec.base), "baseline": spec.baseline, "metric": spec.metric,
-            "seeds": spec.seeds, "source": spec.source,
+            "metric_source": spec.metric_source, "mechanism": list(spec.mechanism), "seeds": spec.seeds, "source": spec.source,
             "variants": {v.name: {"preset": v.preset, "overrides": list(v.overrides)} for v in spec.variants},
             "scenarios": {s.name: {"overrides": list(s.overrides)} for s in spec.scenarios}}
 
@@ -91,7 +91,7 @@ def summarize_ablation(out_dir: str | Path, *, report: bool = True, report_path:
                                     seed=entry["seed"]))
     summary = summarize(records, metric=info["metric"], variants=list(info["variants"]),
                         scenarios=list(info["scenarios"]), baseline=info["baseline"], expected=expected,
-                        name=info["name"])
+                        name=info["name"], metric_source=info.get("metric_source", "eval"))
     summary["spec"] = info
     write_json_atomic(out_dir / SUMMARY_FILE, summary)
     if report:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -277,6 +278,12 @@ def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str] = ("pdf", 
             write_atomic(path, lambda f, fmt=fmt: fig.savefig(f, format=fmt, dpi=PNG_DPI), binary=True)
             written.append(path)
     return written
+
+
+def natural_key(key: str) -> list:
+    """Sort key that orders the numbers inside a name by value: "…/4-6_ops" before "…/10-12_ops", "mb2" before
+    "mb10"."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", key)]
 
 
 def keys_with_prefix(records: Sequence[RunRecord], prefix: str, keep: Callable[[str], bool] = lambda k: True):

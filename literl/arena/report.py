@@ -20,6 +20,7 @@ from typing import Sequence
 from literl.arena import plots
 from literl.arena.plots import Panel
 from literl.arena.runs import RunRecord
+from literl.arena.spec import MECHANISM_SECTIONS
 from literl.arena.stats import SCORES
 from literl.arena.summary import format_cell, format_detectable
 from literl.data.files import write_text_atomic
@@ -92,6 +93,25 @@ SELECTED_ENTROPY_PANELS = [
     Panel("policy_loss/entropy_detached_mean", "entropy, Clip-Cov's detached", NATS),
     Panel("policy_loss/entropy_penalised_mean", "entropy, KL-Cov's penalised", NATS),
     Panel("policy_mask/high_entropy/entropy_kept_mean", "entropy, 80/20's kept", NATS),
+]
+# Token- vs sequence-level weighting (LitePPO Takeaway 7) and length budgets (Takeaway 8) act on how much response
+# lengths differ within a step, and on whether correct and wrong responses differ in length.
+TOKENS = "tokens"
+LENGTH_PANELS = [
+    Panel("response_length/p10", "length, 10th percentile", TOKENS), Panel("response_length/mean", "length, mean", TOKENS),
+    Panel("response_length/p90", "length, 90th percentile", TOKENS),
+    Panel("response_length/cv", "length spread (std / mean)", "coefficient of variation"),
+    Panel("response_length/correct_mean", "length of correct responses", TOKENS),
+    Panel("response_length/wrong_mean", "length of wrong responses", TOKENS),
+]
+# The tail of the training–inference IS weights (MiniRL §5.1): what an uncorrected gradient takes at full weight
+# and the truncated weight min(π/μ, C) cuts.
+IS_TAIL_PANELS = [
+    Panel("ti/abs_logdiff_max", "max |log π_old − log μ|", "nats", floor=1e-4, floor_cause=F32_ROUNDING),
+    Panel("ti/chi2_token", "χ² of token weights", "E[w²] − 1", floor=1e-6, floor_cause=F32_ROUNDING),
+    Panel("ti/chi2_seq", "χ² of sequence weights", "E[w²] − 1", floor=1e-6, floor_cause=F32_ROUNDING),
+    Panel("policy_loss/is_weight_max", "largest IS weight used", "π/μ (truncated)"),
+    Panel("policy_loss/is_truncated_frac", "IS weights truncated", FRACTION_OF_TOKENS),
 ]
 
 
@@ -209,21 +229,38 @@ def _statistics_section(summary: dict) -> str:
     return "".join(parts)
 
 
-def _curves_section(records, variants, scenarios, styles, metric: str, figures: Figures) -> str:
-    unit = "accuracy (fraction)" if metric.endswith("accuracy") else metric
-    held_out = [Panel(metric, metric, unit, "eval")]
-    greedy = metric.replace("/accuracy", "/greedy_accuracy")
-    if greedy != metric:
-        held_out.append(Panel(greedy, greedy, unit, "eval"))
-
+def _curves_section(records, variants, scenarios, styles, metric: str, figures: Figures,
+                    metric_source: str = "eval") -> str:
     def figure(name, panels, what):
         return figures.html(name, plots.curves_figure(records, panels, variants, scenarios, styles), what)
 
-    return ("<h2>Learning curves</h2>"
-            f"<h3>Held-out accuracy</h3><p class='note'>{HELD_OUT_NOTE}</p>"
+    if metric_source == "eval":
+        accuracy_keys = [metric]
+        scored = ""
+    else:       # a training metric is scored: draw it first, then whatever held-out accuracy the runs logged
+        accuracy_keys = sorted({k for r in records for k in r.eval_keys() if k.endswith("/accuracy")
+                                and not k.endswith("greedy_accuracy")})
+        scored = (f"<h3>The scored metric</h3><p class='note'>{TRAIN_NOTE.split(' Clipped')[0]}</p>"
+                  + figure("scored", [Panel(metric, metric, _unit(metric))], metric))
+    held_out = []
+    for key in accuracy_keys:
+        held_out.append(Panel(key, key, "accuracy (fraction)" if key.endswith("accuracy") else key, "eval"))
+        greedy = key.replace("/accuracy", "/greedy_accuracy")
+        if greedy != key:
+            held_out.append(Panel(greedy, greedy, held_out[-1].unit, "eval"))
+    return ("<h2>Learning curves</h2>" + scored
+            + f"<h3>Held-out accuracy</h3><p class='note'>{HELD_OUT_NOTE}</p>"
             + figure("held_out", held_out, "held-out accuracy")
             + f"<h3>Training</h3><p class='note'>{TRAIN_NOTE}</p>"
             + figure("training", TRAINING_PANELS, "training metrics"))
+
+
+def _unit(key: str) -> str:
+    """The y-axis label of a training metric scored by a spec: the unit of its panel in the report, if it has one."""
+    for panel in [*TRAINING_PANELS, *ENTROPY_PANELS, *IS_PANELS, *MISMATCH_PANELS]:
+        if panel.key == key:
+            return panel.unit
+    return key
 
 
 def _clipped_tokens_html(records, variants, scenarios) -> str:
@@ -306,46 +343,92 @@ def _mean_table(records, variants, scenarios, panels: Sequence[Panel]) -> str:
     return _table(["variant", "scenario", "runs", *(f"<code>{_e(p.key)}</code>" for p in logged)], rows)
 
 
-def _diagnostics_section(records, variants, scenarios, styles, figures: Figures) -> str:
+def _diagnostics_section(records, variants, scenarios, styles, figures: Figures,
+                         lead: Sequence[str] = ()) -> str:
+    """The mechanism diagnostics, one section each (MECHANISM_SECTIONS); the ones a spec names as the mechanism of
+    its finding (`mechanism:`) come first, under their own heading, so the panel that explains the result is the
+    first diagnostic a reader meets after the learning curves."""
     tiers = [Panel(k, f"reward std, {k.rsplit('/', 1)[-1]}", "std of reward")
-             for k in plots.keys_with_prefix(records, "groups/reward_std/")]
+             for k in sorted(plots.keys_with_prefix(records, "groups/reward_std/"), key=plots.natural_key)]
+    drift = [Panel(k, f"routes agree, mini-batch {k.rsplit('mb', 1)[-1]}", AGREEMENT)
+             for k in sorted(plots.keys_with_prefix(records, "moe/route_agree_st_mb"), key=plots.natural_key)]
+    drift += [Panel(k, f"KL staleness, mini-batch {k.rsplit('mb', 1)[-1]}", NATS)
+              for k in sorted(plots.keys_with_prefix(records, "st/ppo_kl_mb"), key=plots.natural_key)]
 
     def figure(name, panels, what):
         return figures.html(name, plots.curves_figure(records, panels, variants, scenarios, styles), what)
 
-    return "".join([
-        "<h2>Mechanism diagnostics</h2>",
-        "<h3>Clipped tokens</h3><p class='note'>The token strings that most often hit a binding clip bound "
-        "(low: A&lt;0 and ρ&lt;1−ε_low; high: A&gt;0 and ρ&gt;1+ε_high), summed over seeds (top 20 per run, from "
-        "diagnostics.json). The LitePPO paper found discourse connectives clipped at ε_high = 0.2 and function "
-        "tokens at 0.28 (algorithms.md §8.2.4).</p>",
-        _clipped_tokens_html(records, variants, scenarios),
-        "<h3>Repetition of truncated responses</h3><p class='note'>Fraction of truncated responses whose tail is "
-        "a repetition loop (a periodic suffix covering ≥ 20% of the response), per step; the table weights each "
-        "step by its truncation rate. The paper: wrong responses repeat far more than correct ones, and overlong "
-        "filtering lowers the repeat ratio (§8.2.6–7).</p>",
-        _repetition_table(records, variants, scenarios), figure("repetition", REPETITION_PANELS, "repetition/*"),
-        "<h3>Reward std within groups, by difficulty tier</h3><p class='note'>On easy data the within-group std "
-        "falls fast, so dividing advantages by it amplifies small differences (§8.2.2).</p>",
-        figure("reward_std_by_tier", tiers, "groups/reward_std/<tier>"),
-        "<h3>Importance-weight decomposition</h3><p class='note'>π_θ/μ = [π_old/μ] (training–inference, "
-        "<code>ti/*</code>) × [π_θ/π_old] (staleness, <code>st/*</code>); <code>share/*</code> says which factor "
-        "carries the total |log w| (algorithms.md §7).</p>",
-        figure("is_decomposition", IS_PANELS, "ti/*, st/*, share/*"),
-        "<h3>Training–inference mismatch and Routing Replay</h3><p class='note'>The gap between the engine that "
-        "sampled (μ) and the trainer at θ_old (<code>ti/*</code>: KL(μ‖π_old) as the MiniRL paper plots it, the "
-        "worst token's log-ratio, the effective sample size of the token weights), and on MoE models the share of "
-        "(token, layer) pairs whose top-k experts agree between the engine and the trainer "
-        "(<code>moe/route_agree_ti</code>) and between θ_old and θ in the update "
-        "(<code>moe/route_agree_st</code>); Routing Replay (R2/R3) makes the replayed side agree by construction "
-        "(algorithms.md §6–7). The table averages each run's steps, then the seeds.</p>",
-        _mean_table(records, variants, scenarios, MISMATCH_PANELS),
-        figure("mismatch_routing", MISMATCH_PANELS, "ti/kl_k1, ti/abs_logdiff_max, ti/ess, moe/route_agree_*"),
-        "<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant to "
-        "slow its collapse (§8.2.3).</p>",
-        figure("entropy", ENTROPY_PANELS, "entropy/*"),
-        _selection_html(records, variants, scenarios, figure),
-    ])
+    sections = {
+        "clipped_tokens": lambda: "".join([
+            "<h3>Clipped tokens</h3><p class='note'>The token strings that most often hit a binding clip bound "
+            "(low: A&lt;0 and ρ&lt;1−ε_low; high: A&gt;0 and ρ&gt;1+ε_high), summed over seeds (top 20 per run, "
+            "from diagnostics.json). The LitePPO paper found discourse connectives clipped at ε_high = 0.2 and "
+            "function tokens at 0.28 (algorithms.md §8.2.4).</p>",
+            _clipped_tokens_html(records, variants, scenarios)]),
+        "lengths": lambda: "".join([
+            "<h3>Response lengths</h3><p class='note'>How far apart response lengths are within a step (10th and "
+            "90th percentiles, std / mean) and how long correct and wrong responses are. Sequence-level "
+            "aggregation weighs each token of response i by 1/L_i, token-level by 1/Σ L: they differ only when "
+            "lengths differ (LitePPO Takeaway 7, algorithms.md §3); a length budget below the long correct "
+            "solutions truncates them (Takeaway 8). The table averages each run's steps, then the seeds.</p>",
+            _mean_table(records, variants, scenarios, LENGTH_PANELS),
+            figure("lengths", LENGTH_PANELS, "response_length/*")]),
+        "repetition": lambda: "".join([
+            "<h3>Repetition of truncated responses</h3><p class='note'>Fraction of truncated responses whose tail "
+            "is a repetition loop (a periodic suffix covering ≥ 20% of the response), per step; the table weights "
+            "each step by its truncation rate. The paper: wrong responses repeat far more than correct ones, and "
+            "overlong filtering lowers the repeat ratio (§8.2.6–7).</p>",
+            _repetition_table(records, variants, scenarios), figure("repetition", REPETITION_PANELS, "repetition/*")]),
+        "reward_std_by_tier": lambda: "".join([
+            "<h3>Reward std within groups, by difficulty tier</h3><p class='note'>On easy data the within-group "
+            "std falls fast, so dividing advantages by it amplifies small differences (§8.2.2).</p>",
+            figure("reward_std_by_tier", tiers, "groups/reward_std/<tier>")]),
+        "is_decomposition": lambda: "".join([
+            "<h3>Importance-weight decomposition</h3><p class='note'>π_θ/μ = [π_old/μ] (training–inference, "
+            "<code>ti/*</code>) × [π_θ/π_old] (staleness, <code>st/*</code>); <code>share/*</code> says which "
+            "factor carries the total |log w| (algorithms.md §7).</p>",
+            figure("is_decomposition", IS_PANELS, "ti/*, st/*, share/*")]),
+        "mismatch_routing": lambda: "".join([
+            "<h3>Training–inference mismatch and Routing Replay</h3><p class='note'>The gap between the engine "
+            "that sampled (μ) and the trainer at θ_old (<code>ti/*</code>: KL(μ‖π_old) as the MiniRL paper plots "
+            "it, the worst token's log-ratio, the effective sample size of the token weights), and on MoE models "
+            "the share of (token, layer) pairs whose top-k experts agree between the engine and the trainer "
+            "(<code>moe/route_agree_ti</code>) and between θ_old and θ in the update "
+            "(<code>moe/route_agree_st</code>); Routing Replay (R2/R3) makes the replayed side agree by "
+            "construction (algorithms.md §6–7). The table averages each run's steps, then the seeds.</p>",
+            _mean_table(records, variants, scenarios, MISMATCH_PANELS),
+            figure("mismatch_routing", MISMATCH_PANELS, "ti/kl_k1, ti/abs_logdiff_max, ti/ess, moe/route_agree_*")]),
+        "is_tails": lambda: "".join([
+            "<h3>Tails of the training–inference IS weights</h3><p class='note'>The worst token's log-ratio, the "
+            "χ² divergence (the variance of the weights per token and per sequence), the largest weight the loss "
+            "used and the share it truncated: the tokens an uncorrected gradient takes at full weight (MiniRL "
+            "§5.1). The table averages each run's steps, then the seeds.</p>",
+            _mean_table(records, variants, scenarios, IS_TAIL_PANELS),
+            figure("is_tails", IS_TAIL_PANELS, "ti/chi2_*, policy_loss/is_weight_max, policy_loss/is_truncated_frac")]),
+        "route_drift": lambda: "".join([
+            "<h3>Route drift by mini-batch</h3><p class='note'>Share of (token, layer) pairs whose top-k experts "
+            "under θ are those of θ_old, and the staleness KL, for each mini-batch of a step (mini-batch k follows "
+            "k optimizer steps on the batch): off-policy updates move routes further with every mini-batch, which "
+            "is what Routing Replay fixes (MiniRL §5.2; algorithms.md §6). The table averages each run's steps, "
+            "then the seeds.</p>",
+            _mean_table(records, variants, scenarios, drift),
+            figure("route_drift", drift, "moe/route_agree_st_mb*, st/ppo_kl_mb*")]),
+        "entropy": lambda: "".join([
+            "<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant "
+            "to slow its collapse (§8.2.3).</p>",
+            figure("entropy", ENTROPY_PANELS, "entropy/*")]),
+        "selection": lambda: _selection_html(records, variants, scenarios, figure),
+    }
+    assert tuple(sections) == MECHANISM_SECTIONS
+    lead = [name for name in lead if name in sections]
+    parts = []
+    if lead:
+        parts.append("<h2>The mechanism of this finding</h2><p class='note'>The diagnostics the spec names as the "
+                     "mechanism behind its claim (<code>mechanism:</code>); the others follow below.</p>")
+        parts += [sections[name]() for name in lead]
+    parts.append("<h2>Other mechanism diagnostics</h2>" if lead else "<h2>Mechanism diagnostics</h2>")
+    parts += [build() for name, build in sections.items() if name not in lead]
+    return "".join(parts)
 
 
 def _selection_html(records, variants, scenarios, figure) -> str:
@@ -373,8 +456,10 @@ def build_report(path: str | Path, records: Sequence[RunRecord], summary: dict, 
             f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M')} by <code>literl</code> from "
             f"{len(records)} run directories; {summary['runs']['used']} finished runs enter the statistics.</p>",
             _setup_section(spec_info, records), _statistics_section(summary),
-            _curves_section(records, variants, scenarios, styles, summary["metric"], figures),
-            _diagnostics_section(records, variants, scenarios, styles, figures)]
+            _curves_section(records, variants, scenarios, styles, summary["metric"], figures,
+                            summary.get("metric_source", "eval")),
+            _diagnostics_section(records, variants, scenarios, styles, figures,
+                                 (spec_info or {}).get("mechanism", ()))]
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>")
     if export_dir is not None:

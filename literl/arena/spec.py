@@ -15,7 +15,11 @@
       reward_01: {}
       reward_pm1: {algorithm.reward_shaping.rescale.low: -1}
     seeds: [0, 1, 2]                         # a list, or a count n meaning 0..n-1
-    metric: testbed/accuracy                 # optional: the eval.jsonl key scored (higher is better)
+    metric: testbed/accuracy                 # optional: the key scored (higher is better)
+    metric_source: eval                      # optional: eval (eval.jsonl, held-out: the default) | train
+                                             # (metrics.jsonl, every step: e.g. entropy/mean for a claim about it)
+    mechanism: [lengths]                     # optional: the report sections that explain the finding, shown
+                                             # first (MECHANISM_SECTIONS)
 
 Every run is `literl train --preset P <base> <scenario> <variant> seed=S trainer.output_dir=...`, in that
 order, so a variant's value wins over a scenario's and a scenario's over the base. A variant and a
@@ -38,10 +42,14 @@ import yaml
 from literl.registry import ConfigError
 
 SPEC_KEYS = ("name", "description", "paper_finding", "preset", "base", "baseline", "variants", "scenarios",
-             "seeds", "metric")
+             "seeds", "metric", "metric_source", "mechanism")
 REQUIRED_KEYS = ("preset", "baseline", "variants", "seeds")
 RUNNER_KEYS = ("seed", "trainer.output_dir", "trainer.resume", "trainer.threads")
 DEFAULT_METRIC = "testbed/accuracy"
+METRIC_SOURCES = ("eval", "train")   # eval.jsonl (held-out evaluations) or metrics.jsonl (every training step)
+MECHANISM_SECTIONS = ("clipped_tokens", "lengths", "repetition", "reward_std_by_tier", "is_decomposition",
+                      "mismatch_routing", "is_tails", "route_drift", "entropy", "selection")
+"""The report's mechanism diagnostics, in their order; a spec's `mechanism:` names the ones that explain it."""
 DEFAULT_SCENARIO = "default"
 SHIPPED_DIR = "configs/ablations"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")   # variant/scenario names become directory names
@@ -89,6 +97,8 @@ class AblationSpec:
     seeds: list[int]
     base: tuple[str, ...] = ()
     metric: str = DEFAULT_METRIC
+    metric_source: str = "eval"
+    mechanism: tuple[str, ...] = ()
     description: str = ""
     paper_finding: str = ""
     source: str = ""
@@ -171,13 +181,34 @@ def parse_spec(raw: Any, *, source: str = "<spec>", default_name: str = "ablatio
                           f"({', '.join(v.name for v in variants)})")
     base = (*_overrides(raw.get("base") or {}, "base", source), *_checked_extra(extra_base))
     _check_no_runner_keys(base, "base", source)
+    metric_source = str(raw.get("metric_source") or "eval")
+    if metric_source not in METRIC_SOURCES:
+        raise ConfigError(f"ablation spec {source}: metric_source '{metric_source}' must be one of "
+                          f"{', '.join(METRIC_SOURCES)} (eval: a held-out key of eval.jsonl; train: a per-step key of "
+                          "metrics.jsonl)")
     spec = AblationSpec(
         name=str(raw.get("name") or default_name), preset=str(raw["preset"]), baseline=baseline,
         variants=variants, scenarios=scenarios, seeds=_seeds(raw["seeds"], source), base=base,
-        metric=str(raw.get("metric") or DEFAULT_METRIC), description=str(raw.get("description") or "").strip(),
+        metric=str(raw.get("metric") or DEFAULT_METRIC), metric_source=metric_source,
+        mechanism=_mechanism(raw.get("mechanism"), source), description=str(raw.get("description") or "").strip(),
         paper_finding=str(raw.get("paper_finding") or "").strip(), source=source, raw=raw)
     _check_no_shared_keys(spec, source)
     return spec
+
+
+def _mechanism(raw: Any, source: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    names = [raw] if isinstance(raw, str) else raw
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"ablation spec {source}: mechanism must be a list of report sections, e.g. [lengths]")
+    unknown = [n for n in names if n not in MECHANISM_SECTIONS]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], MECHANISM_SECTIONS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"ablation spec {source}: mechanism '{unknown[0]}' is not a report section{hint}; the "
+                          f"sections are {', '.join(MECHANISM_SECTIONS)}")
+    return tuple(names)
 
 
 def _arms(section: Any, where: str, source: str, *, allow_preset: bool) -> list[Arm]:

@@ -16,25 +16,31 @@ ALL_SCENARIOS = "all"      # the comparison pooled over scenarios, one pair per 
 LOG_NAME = "train.log"
 
 
-def run_scores(record: RunRecord, metric: str) -> dict[str, float] | None:
-    """final / best / auc of the run's curve; None when it has no value, or none at its last evaluation
-    (scoring an earlier one as 'final' would pair runs at different steps)."""
-    steps, values = record.eval_curve(metric)
-    if not values or steps[-1] != _last_evaluated_step(record, metric):
+def run_scores(record: RunRecord, metric: str, source: str = "eval") -> dict[str, float] | None:
+    """final / best / auc of the run's curve of `metric` (source "eval": its held-out evaluations; "train": its
+    per-step training metric); None when it has no value, or none at its last evaluation (last step) — scoring
+    an earlier one as 'final' would pair runs at different steps."""
+    steps, values = record.eval_curve(metric) if source == "eval" else record.metric_curve(metric)
+    if not values or steps[-1] != _last_evaluated_step(record, metric, source):
         return None
     return stats.curve_scores(steps, values)
 
 
-def _last_evaluated_step(record: RunRecord, metric: str) -> int | None:
-    return max((int(r["step"]) for r in record.evals if metric in r and "step" in r), default=None)
+def _last_evaluated_step(record: RunRecord, metric: str, source: str = "eval") -> int | None:
+    rows = record.evals if source == "eval" else record.metrics
+    return max((int(r["step"]) for r in rows if metric in r and "step" in r), default=None)
 
 
 def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[str], scenarios: Sequence[str],
               baseline: str | None = None, expected: Iterable[tuple[str, str, int, Path]] = (),
-              name: str = "", confidence: float = stats.CONFIDENCE) -> dict:
+              name: str = "", confidence: float = stats.CONFIDENCE, metric_source: str = "eval") -> dict:
     """The summary.json document. `expected` lists (variant, scenario, seed, directory) of every planned run,
-    so that runs which never finished are named in `runs.missing` instead of silently shrinking n."""
-    scores, per_run, missing = _score_runs(records, metric, expected)
+    so that runs which never finished are named in `runs.missing` instead of silently shrinking n.
+    `metric_source` "train" scores a per-step training metric (metrics.jsonl) instead of a held-out one: its
+    final is the last step's value, its AUC the mean over the steps."""
+    scores, per_run, missing = _score_runs(records, metric, expected, metric_source)
+    where = "eval.jsonl" if metric_source == "eval" else "metrics.jsonl (every training step)"
+    what = "evaluations (the one before training included)" if metric_source == "eval" else "logged steps"
     cells = [_cell(v, s, scores, confidence) for s in scenarios for v in variants]
     comparisons = []
     if baseline is not None:
@@ -42,10 +48,10 @@ def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[s
             for scenario in [*scenarios, *([ALL_SCENARIOS] if len(scenarios) > 1 else [])]:
                 comparisons.append(_comparison(variant, baseline, scenario, scores, confidence))
     return {
-        "name": name, "metric": metric, "higher_is_better": True, "confidence": confidence,
-        "baseline": baseline, "variants": list(variants), "scenarios": list(scenarios),
-        "scores": {"final": f"{metric} at the last evaluation",
-                   "best": f"max of {metric} over all evaluations (the one before training included)",
+        "name": name, "metric": metric, "metric_source": metric_source, "higher_is_better": True,
+        "confidence": confidence, "baseline": baseline, "variants": list(variants), "scenarios": list(scenarios),
+        "scores": {"final": f"{metric} at the last {'evaluation' if metric_source == 'eval' else 'step'} ({where})",
+                   "best": f"max of {metric} over all {what}",
                    "auc": f"trapezoid area under {metric} vs step, divided by the step span"},
         "intervals": {"cells": "mean ± Student-t interval over seeds",
                       "comparisons": f"percentile bootstrap of the mean paired difference, "
@@ -59,14 +65,14 @@ def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[s
     }
 
 
-def _score_runs(records, metric, expected):
+def _score_runs(records, metric, expected, source="eval"):
     scores: dict[tuple[str, str], dict[int, dict]] = {}
     per_run, missing, seen = [], [], set()
     for record in records:
         seen.add(Path(record.directory))
-        result = run_scores(record, metric) if record.finished else None
+        result = run_scores(record, metric, source) if record.finished else None
         if result is None:
-            reason = _why_unscored(record, metric)
+            reason = _why_unscored(record, metric, source)
             missing.append(_missing(record.variant, record.scenario, record.seed, record.directory, reason))
             continue
         scores.setdefault((record.variant, record.scenario), {})[record.seed] = result
@@ -78,12 +84,14 @@ def _score_runs(records, metric, expected):
     return scores, per_run, missing
 
 
-def _why_unscored(record: RunRecord, metric: str) -> str:
+def _why_unscored(record: RunRecord, metric: str, source: str = "eval") -> str:
     if record.finished:
-        last = _last_evaluated_step(record, metric)
+        last = _last_evaluated_step(record, metric, source)
+        file = "eval.jsonl" if source == "eval" else "metrics.jsonl"
         if last is None:
-            return f"no '{metric}' in eval.jsonl"
-        return f"'{metric}' is null (not a finite number) at the last evaluation, step {last}"
+            return f"no '{metric}' in {file}"
+        return (f"'{metric}' is null (not a finite number) at the last "
+                f"{'evaluation' if source == 'eval' else 'logged step'}, step {last}")
 
     log = Path(record.directory) / LOG_NAME
     step = checkpoint_step(Path(record.directory))

@@ -20,7 +20,7 @@ variable `LITERL_DATA_DIR`), laid out as in the shared data MANIFEST:
 
 Other modules add names with `register_benchmark(name, loader)`; a loader takes the resolved-or-None data
 directory and returns raw rows (dicts), which `problems.load_problems` then normalises. The embedded
-testbed registers its held-out split as `testbed` this way.
+testbed registers its held-out splits as `testbed` (mixed tier) and `testbed_<tier>` this way.
 """
 
 from __future__ import annotations
@@ -115,12 +115,22 @@ for _name, _path, _description in [
     _file_benchmark(_name, _path, _description)
 
 
-def _testbed_heldout(data_dir: Path | None) -> list[dict[str, Any]]:
-    # Generated, not read: the embedded testbed's held-out split needs no data directory.
-    from literl.testbed.tasks import heldout_problems
+TESTBED_TIER_BENCHMARKS = {"testbed": "mixed", "testbed_easy": "easy", "testbed_medium": "medium",
+                           "testbed_hard": "hard", "testbed_long": "long"}
+"""The testbed's held-out splits by name: `testbed` is the mixed tier (the default evaluation), `testbed_<tier>` the
+held-out split of another tier (e.g. `testbed_long` for the long tier's regimes, docs/testbed.md)."""
 
-    return heldout_problems(200)
+
+def _testbed_heldout(tier: str) -> BenchmarkLoader:
+    def load(data_dir: Path | None) -> list[dict[str, Any]]:
+        # Generated, not read: the embedded testbed's held-out split needs no data directory.
+        from literl.testbed.tasks import heldout_problems
+
+        return heldout_problems(200, tier=tier)
+    return load
 
 
-register_benchmark("testbed", _testbed_heldout,
-                   description="the embedded testbed's held-out arithmetic split, 200 problems (raw template)")
+for _name, _tier in TESTBED_TIER_BENCHMARKS.items():
+    register_benchmark(_name, _testbed_heldout(_tier),
+                       description=f"the embedded testbed's held-out arithmetic split ({_tier} tier), 200 problems "
+                                   "(raw template)")

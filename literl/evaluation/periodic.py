@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from literl.data.benchmarks import TESTBED_TIER_BENCHMARKS
 from literl.rollout.generator import SamplingParams
 
 TESTBED_BENCHMARK = "testbed"
@@ -23,10 +24,11 @@ def build_evaluator(cfg, *, tokenizer) -> Callable:
     ev = cfg.eval
     benchmarks: dict[str, tuple[list[dict], str]] = {}
     for name in ev.benchmarks:
-        if name == TESTBED_BENCHMARK:
+        if name in TESTBED_TIER_BENCHMARKS:
             from literl.testbed.tasks import heldout_problems
 
-            benchmarks[name] = (heldout_problems(ev.limit or 200), prompt_template(cfg, testbed_problems=True))
+            benchmarks[name] = (heldout_problems(ev.limit or 200, tier=TESTBED_TIER_BENCHMARKS[name]),
+                                prompt_template(cfg, testbed_problems=True))
         else:
             benchmarks[name] = (load_problems(name, data_dir=cfg.data.dir, limit=ev.limit), cfg.data.template)
     prompt_options = prompt_options_of(cfg)

@@ -62,6 +62,21 @@ def _tier_order(label: str) -> tuple:
     return (0, float(label), "") if _is_number(label) else (1, 0.0, label)
 
 
+def _length_spread(lengths: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
+    """How much response lengths differ within the step — what token- vs sequence-level loss weighting acts on
+    (a response's tokens weigh 1/L_i each at the sequence level, 1/Σ L at the token level): the coefficient of
+    variation, the 10th and 90th percentiles, and the mean length of correct and of wrong responses (absent when
+    the step has none of them)."""
+    mean = float(lengths.mean())
+    spread = {"response_length/cv": float(lengths.std(unbiased=False)) / mean if mean > 0 else 0.0,
+              "response_length/p10": float(torch.quantile(lengths, 0.1)),
+              "response_length/p90": float(torch.quantile(lengths, 0.9))}
+    for name, rows in (("correct", correct), ("wrong", ~correct)):
+        if bool(rows.any()):
+            spread[f"response_length/{name}_mean"] = float(lengths[rows].mean())
+    return spread
+
+
 class PromptStream:
     """Endless shuffled passes over the training problems; its position is part of a checkpoint."""
 
@@ -299,7 +314,8 @@ class Collector:
             "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             "score/mean": float(scores.mean()),
             "response_length/mean": float(lengths.mean()), "response_length/min": float(lengths.min()),
-            "response_length/max": float(lengths.max()), "truncation_rate": float(truncated.mean()),
+            "response_length/max": float(lengths.max()), **_length_spread(lengths, correct),
+            "truncation_rate": float(truncated.mean()),
             "groups/zero_std_frac": float((std_reward[first] == 0).float().mean()),
             "groups/reward_std_mean": float(std_reward[first].mean()),
             "groups/all_correct_frac": float((mean_c[first] == 1).float().mean()),

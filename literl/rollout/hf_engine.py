@@ -36,7 +36,7 @@ from literl.model.decode import (Decoder, DynamicCacheDecoder, FixedShapeDecoder
                                  compiled_decode_step, decode_step, fixed_decode_step)
 from literl.model.moe import ROLLOUT_ROUTES, Routing, new_routes
 from literl.model.prompts import DistinctPrompts, distinct_prompts, prefill, prefill_by_layers
-from literl.model.quantize import WEIGHT_FORMATS, fake_quantize_fp8_
+from literl.model.quantize import WEIGHT_FORMATS, fake_quantize_
 from literl.model.record import Recorder
 from literl.rollout.decode_loop import SamplingBuffers, sample_tokens
 from literl.rollout.generator import Generation, SamplingParams, check_prompts
@@ -56,7 +56,8 @@ class HFEngine:
     free. With a lower precision (`torch.bfloat16`) it keeps its own copy in that dtype, which makes the
     training–inference mismatch real and measurable on CPU; `sync_weights` refreshes that copy. With
     `weights="float8_e4m3"` that copy's projection weights are also rounded to FP8 (an FP8 engine's numbers,
-    computed in `dtype`; `literl.model.quantize`), after every sync too.
+    computed in `dtype`; `literl.model.quantize`), after every sync too; `weights="int4"` rounds them to 4-bit
+    integers with group scales (a weight-only 4-bit engine, the harsher mismatch).
 
     `decode` picks the decode route (module docstring): "auto" (`capabilities.auto_decode_route` for the model's
     device, when the model supports the static-cache step), "static", "fixed" or "dynamic". `compile=True`
@@ -111,8 +112,8 @@ class HFEngine:
         self._round_weights()
 
     def _round_weights(self) -> None:
-        if self.weights == "float8_e4m3":
-            fake_quantize_fp8_(self.model)
+        if self.weights is not None:
+            fake_quantize_(self.model, self.weights)
 
     @property
     def device(self) -> torch.device:

@@ -114,9 +114,40 @@ def warm_up_in_band(recipe: TestbedRecipe, tokenizer: PreTrainedTokenizerBase, v
 
 def align(model: PreTrainedModel, recipe: TestbedRecipe, tokenizer: PreTrainedTokenizerBase,
           seed: int, progress: BuildProgress) -> int:
-    """Clean-solution SFT on top of the warm-up (lowers entropy, raises accuracy)."""
-    return _train_phase(model, tokenizer, recipe.alignment, data_seed=seed + ALIGNMENT_DATA_SEED_OFFSET,
-                        label="alignment (clean solutions)", progress=progress)
+    """The SFT phase on top of the parent model: clean solutions for `aligned` (lowers entropy, raises accuracy),
+    another tier or slip rate for the regimes (docs/testbed.md). With `recipe.router_scale` the MoE routers are
+    scaled first and held fixed through the phase (`flatten_routers`)."""
+    phase = recipe.alignment
+    label = ("alignment (clean solutions)" if phase.slip_rate == 0 and phase.tier == "mixed"
+             else f"continuation ({phase.tier} tier, slip rate {phase.slip_rate:g})")
+    frozen = flatten_routers(model, recipe.router_scale) if recipe.router_scale is not None else []
+    try:
+        return _train_phase(model, tokenizer, phase, data_seed=seed + ALIGNMENT_DATA_SEED_OFFSET, label=label,
+                            progress=progress)
+    finally:
+        for parameter in frozen:
+            parameter.requires_grad_(True)
+
+
+@torch.no_grad()
+def flatten_routers(model: PreTrainedModel, scale: float) -> list[torch.nn.Parameter]:
+    """Multiply every MoE router's weights by `scale` (0 < scale) and stop their gradients; return them.
+
+    The router's logits z = W h scale by the same factor, so every token keeps its top-k experts while the margin
+    between the k-th and the (k+1)-th logit shrinks by `scale`: a smaller update then moves routes. The top-k
+    weights flatten too (softmax of scaled logits), which the following SFT phase lets the experts adapt to; the
+    routers stay fixed through it so that it cannot grow the margins back."""
+    from literl.model.moe import is_sparse_moe
+
+    if not scale > 0:
+        raise ValueError(f"router_scale must be > 0 (got {scale})")
+    gates = [layer.mlp.gate for layer in model.get_decoder().layers if is_sparse_moe(getattr(layer, "mlp", None))]
+    if not gates:
+        raise ValueError("router_scale needs a mixture-of-experts model (a recipe with experts)")
+    for gate in gates:
+        gate.weight.mul_(scale)
+        gate.weight.requires_grad_(False)
+    return [gate.weight for gate in gates]
 
 
 def build_testbed(recipe: TestbedRecipe, out_dir: Path, *, progress: BuildProgress,
@@ -130,7 +161,7 @@ def build_testbed(recipe: TestbedRecipe, out_dir: Path, *, progress: BuildProgre
     started = time.monotonic()
     tokenizer = build_char_tokenizer()
     m = recipe.measure
-    validation = make_problems(m.validation_problems, split="train", seed=m.validation_seed, unique=True)
+    validation = make_problems(m.validation_problems, split="train", tier=m.tier, seed=m.validation_seed, unique=True)
     with pinned_torch_threads(recipe.num_threads):
         if recipe.alignment is None:
             model, seed, history = warm_up_in_band(recipe, tokenizer, validation, progress)
@@ -142,7 +173,7 @@ def build_testbed(recipe: TestbedRecipe, out_dir: Path, *, progress: BuildProgre
             steps = align(model, recipe, tokenizer, seed, progress)
             history.append(_check("alignment", seed, steps, _validate(model, tokenizer, recipe, validation),
                                   progress))
-        heldout = measure_policy(model, tokenizer, heldout_problems(m.heldout_problems),
+        heldout = measure_policy(model, tokenizer, heldout_problems(m.heldout_problems, tier=m.tier),
                                  samples_per_problem=m.samples_per_problem, max_new_tokens=m.max_new_tokens,
                                  seed=m.sampling_seed)
         save_model_dir(model, tokenizer, out_dir)

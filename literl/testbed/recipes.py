@@ -11,10 +11,25 @@
     moe      base's recipe with every MLP a mixture of 8 experts (2 per token, renormalised): a tiny Qwen3-MoE for
              Routing Replay and the MiniRL stability study on CPU
 
+The regimes of the seed studies (docs/testbed.md, "Regimes"; docs/arena.md, "Findings") continue a built
+variant with one more SFT phase, so each costs a short phase on top of a cached model rather than a new warm-up:
+
+    long          base + SFT on the long tier (1-12 operations, slips at 0.1 per step): responses 7x apart
+                  in length within a batch, for token- vs sequence-level weighting and length budgets
+    long_aligned  long + SFT on clean long-tier solutions: the aligned policy of the same regime
+    aligned_varied aligned + SFT on clean solutions written in equivalent forms chosen at random (operand order of
+                  + and *, spaces): a policy with many tokens whose alternatives are also right, as an instruct
+                  model's phrasing choices (the LitePPO paper's aligned Qwen3 put only ~50% of tokens at p ≥ 0.99,
+                  its base models ~90%; `aligned` puts 96% there), so that clipping acts on low-probability tokens
+                  with positive advantages
+    moe_flat      moe with its router weights scaled by 1/64 and then held fixed through a short SFT that lets the
+                  experts adapt: the same routes with 64x smaller margins between the 2nd and 3rd expert, so that
+                  the router's own updates move routes between θ_old and θ (the MiniRL study's off-policy setting)
+
 A recipe is a frozen dataclass tree; every field and `CODE_VERSION` feed the hash, so any change to a
 recipe (or a bump of the version after a change in the build code) builds a new folder. A field added after
-recipes were cached, whose default is None (`experts`), enters the hash only when set, so existing folders keep
-their names.
+recipes were cached enters the hash only when it differs from its default (`OPTIONAL_FIELDS`: `experts`,
+`parent`, `router_scale`, `measure.tier`), so existing folders keep their names.
 """
 
 from __future__ import annotations
@@ -61,6 +76,8 @@ class MeasureSettings:
     samples_per_problem: int = 4
     max_new_tokens: int = 64
     sampling_seed: int = 0
+    tier: str = "mixed"
+    """The task tier of the validation and held-out problems (the long regimes measure on the long tier)."""
 
 
 @dataclass(frozen=True)
@@ -81,11 +98,27 @@ class TestbedRecipe:
     """torch CPU threads during the build: results are bitwise reproducible only at a fixed count."""
     experts: ExpertsShape | None = None
     """Mixture-of-experts MLPs (a Qwen3-MoE); None: the dense Qwen3."""
+    parent: TestbedRecipe | None = None
+    """The built variant the `alignment` phase continues; None: this recipe without its alignment phase
+    (`base_recipe`), as `aligned` continues `base`."""
+    router_scale: float | None = None
+    """MoE only: multiply the parent's router weights by this before the `alignment` phase and hold them fixed
+    during it (the experts and everything else train), so every router margin shrinks by this factor while the
+    top-k choices stay as they were."""
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        if out["experts"] is None:
-            del out["experts"]
+        out["parent"] = self.parent.to_dict() if self.parent is not None else None
+        for path, default in OPTIONAL_FIELDS.items():
+            *outer, last = path
+            holder = out
+            for key in outer:
+                holder = holder[key]
+            if holder[last] == default:
+                del holder[last]
+        for phase in (out["warmup"], (out["gate"] or {}).get("extension"), out["alignment"]):
+            if phase is not None and phase["style"] == "canonical":
+                del phase["style"]     # SFTPhase.style, added later: in the hash only when set
         return out
 
     def recipe_hash(self) -> str:
@@ -100,7 +133,15 @@ class TestbedRecipe:
         """The recipe of the model the alignment phase starts from (itself when there is none)."""
         if self.alignment is None:
             return self
+        if self.parent is not None:
+            return self.parent
         return dataclasses.replace(self, variant="base", alignment=None)
+
+
+OPTIONAL_FIELDS: dict[tuple[str, ...], object] = {
+    ("experts",): None, ("parent",): None, ("router_scale",): None, ("measure", "tier"): "mixed"}
+"""Fields added after recipes were cached, by their path in `to_dict`, with the default that leaves them out
+of the hash: a recipe that does not set them keeps the folder name (and the shipped weights) it had."""
 
 
 BASE = TestbedRecipe(
@@ -130,7 +171,36 @@ MICRO = TestbedRecipe(
 
 MOE = dataclasses.replace(BASE, variant="moe", experts=ExpertsShape())
 
-VARIANTS: dict[str, TestbedRecipe] = {r.variant: r for r in (BASE, ALIGNED, MICRO, MOE)}
+# The regimes (docs/testbed.md, "Regimes"). LONG_TIER_MEASURE: the long tier's solutions run to ~110 tokens, so
+# the measurement's generation cap is 160 (loops are cut there). They build with one thread: a short phase gains
+# little from a second, and a 2-thread build on a busy 2-core machine spin-waits (~10x slower, measured).
+LONG_TIER_MEASURE = MeasureSettings(max_new_tokens=160, tier="long")
+LONG = dataclasses.replace(
+    BASE, variant="long", parent=BASE, measure=LONG_TIER_MEASURE, num_threads=1,
+    # slips at 0.1 per step: a 12-step solution is slip-free with probability ~0.28, a 1-step one ~0.9, so groups
+    # of every length hold both rewards (at base's 0.2, 12 steps would almost never be right)
+    # 1000 steps at 1e-3: 400 at 5e-4 left the model unable to copy operands along chains of 6 or more operations
+    # (held-out sampled accuracy 2-6% there, greedy 0%: no long solution to reward, truncate or weigh)
+    alignment=SFTPhase(steps=1000, lr=1e-3, slip_rate=0.1, warmup_steps=50, tier="long"),
+)
+LONG_ALIGNED = dataclasses.replace(
+    LONG, variant="long_aligned", parent=LONG,
+    alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.0, warmup_steps=20, tier="long"),
+)
+ALIGNED_VARIED = dataclasses.replace(
+    ALIGNED, variant="aligned_varied", parent=ALIGNED, num_threads=1,
+    alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.0, warmup_steps=20, style="varied"),
+)
+MOE_FLAT = dataclasses.replace(
+    # 1/64: scaling the router shrinks the margins and the logit changes that hidden-state updates cause alike, so
+    # only the router's own updates (Adam: ~lr per weight, whatever the scale) flip more routes; at 1/8 the last
+    # of 8 mini-batches changed 2.4% of (token, layer) routes against moe's 1.3% (probe of the baseline, N = 8)
+    MOE, variant="moe_flat", parent=MOE, router_scale=1 / 64, num_threads=1,
+    alignment=SFTPhase(steps=200, lr=5e-4, slip_rate=0.2, warmup_steps=20),
+)
+
+VARIANTS: dict[str, TestbedRecipe] = {r.variant: r for r in (BASE, ALIGNED, MICRO, MOE, LONG, LONG_ALIGNED,
+                                                              ALIGNED_VARIED, MOE_FLAT)}
 
 
 def recipe_for(variant: str) -> TestbedRecipe:

@@ -12,6 +12,9 @@ Every operand and every intermediate value lies in 0–99, so each step is a one
 
 Tiers (operations per expression, probability of drawing a two-digit operand):
     easy 1–2 ops, 30% | medium 2–3 ops, 30% | hard 3–4 ops, 45% | mixed 1–4 ops, 30% (the default)
+    long 1–12 ops, 30%: worked solutions from ~16 to ~110 characters (7× apart, ~0.45 coefficient of
+         variation against ~0.3 in mixed), the length spread that token- vs sequence-level loss weighting and
+         a short length budget act on (docs/testbed.md, "Regimes")
 Expressions with a value outside 0–99 are redrawn (keeping the op count), which removes many two-digit
 operands: the share that survives is about 20% (easy), 19% (medium), 26% (hard), 18% (mixed).
 
@@ -24,7 +27,7 @@ always the true value; only the `solution` text carries slips. Slipped solutions
 base model, so that it stays imperfect and RL has something to fix.
 
 Records are dicts `{"id", "problem", "answer" (str), "solution", "tier", "num_ops", "difficulty"}`, where
-`difficulty` is "<num_ops>_ops".
+`difficulty` is "<num_ops>_ops" ("<low>-<high>_ops" in a tier that buckets op counts, e.g. long's "4-6_ops").
 """
 
 from __future__ import annotations
@@ -52,6 +55,16 @@ class TierSpec:
     max_ops: int
     two_digit_rate: float
     """Probability that an operand is drawn from 10–99 rather than 1–9."""
+    ops_per_label: int = 1
+    """Op counts per `difficulty` label: 1 gives "3_ops"; 3 gives "1-3_ops", "4-6_ops", ... (a tier with many op
+    counts keeps its per-difficulty diagnostics to a few curves)."""
+
+    def difficulty(self, num_ops: int) -> str:
+        """The `difficulty` label of a problem with `num_ops` operations."""
+        if self.ops_per_label == 1:
+            return f"{num_ops}_ops"
+        low = self.min_ops + (num_ops - self.min_ops) // self.ops_per_label * self.ops_per_label
+        return f"{low}-{min(low + self.ops_per_label - 1, self.max_ops)}_ops"
 
 
 TIERS: dict[str, TierSpec] = {
@@ -59,6 +72,7 @@ TIERS: dict[str, TierSpec] = {
     "medium": TierSpec(min_ops=2, max_ops=3, two_digit_rate=0.30),
     "hard": TierSpec(min_ops=3, max_ops=4, two_digit_rate=0.45),
     "mixed": TierSpec(min_ops=1, max_ops=4, two_digit_rate=0.30),
+    "long": TierSpec(min_ops=1, max_ops=12, two_digit_rate=0.30, ops_per_label=3),
 }
 
 
@@ -111,9 +125,18 @@ def solution_steps(numbers: list[int], ops: list[str], *, slip_rate: float = 0.0
     return steps, true_values[0]
 
 
-def solution_text(steps: list[tuple[int, str, int, int]]) -> str:
-    """One "a op b=c" line per step, then `\\boxed{}` around the last written value."""
-    lines = [f"{left}{op}{right}={result}" for left, op, right, result in steps]
+def solution_text(steps: list[tuple[int, str, int, int]], *, style_rng: random.Random | None = None) -> str:
+    """One "a op b=c" line per step, then `\\boxed{}` around the last written value.
+
+    With `style_rng` (the "varied" style) each line is written in one of the equally valid forms a person might
+    use: the operands of + and * in either order, with or without spaces ("4*5=20", "5 * 4 = 20"), each chosen
+    with probability 1/2 — so a policy trained on them has many tokens with valid alternatives."""
+    lines = []
+    for left, op, right, result in steps:
+        if style_rng is not None and op in "+*" and style_rng.random() < 0.5:
+            left, right = right, left
+        spaced = style_rng is not None and style_rng.random() < 0.5
+        lines.append(f"{left} {op} {right} = {result}" if spaced else f"{left}{op}{right}={result}")
     return "\n".join(lines + [f"\\boxed{{{steps[-1][3]}}}"])
 
 
@@ -134,9 +157,16 @@ def _draw_expression(rng: random.Random, spec: TierSpec) -> tuple[list[int], lis
             return numbers, ops
 
 
+SOLUTION_STYLES = ("canonical", "varied")
+
+
 def problem_stream(*, split: str, tier: str = "mixed", seed: int,
-                   slip_rate: float = 0.0) -> Iterator[dict]:
-    """An endless, seed-determined stream of records from one split and tier (repeats are possible)."""
+                   slip_rate: float = 0.0, style: str = "canonical") -> Iterator[dict]:
+    """An endless, seed-determined stream of records from one split and tier (repeats are possible). `style`
+    "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`); the problems, answers and
+    slips are those of the canonical stream."""
+    if style not in SOLUTION_STYLES:
+        raise ValueError(f"unknown solution style {style!r}; expected one of {SOLUTION_STYLES}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     if tier not in TIERS:
@@ -146,6 +176,7 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     spec = TIERS[tier]
     rng = random.Random(f"literl-testbed:{split}:{tier}:{seed}")
     slip_rng = random.Random(f"literl-testbed-slips:{split}:{tier}:{seed}")
+    style_rng = random.Random(f"literl-testbed-style:{split}:{tier}:{seed}") if style == "varied" else None
     index = 0
     while True:
         numbers, ops = _draw_expression(rng, spec)
@@ -160,12 +191,12 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
             "id": f"{split}-{tier}-{seed}-{index}",
             "problem": f"{PROMPT_PREFIX}{expression}{PROMPT_SUFFIX}",
             "answer": str(answer),
-            "solution": solution_text(steps),
+            "solution": solution_text(steps, style_rng=style_rng),
             "tier": tier,
             "num_ops": len(ops),
             # per-problem hardness for the per-difficulty reward-std diagnostic (the tier is one label
             # for the whole mixed set)
-            "difficulty": f"{len(ops)}_ops",
+            "difficulty": spec.difficulty(len(ops)),
         }
         index += 1
 

@@ -35,6 +35,8 @@ class SFTPhase:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     tier: str = "mixed"
+    style: str = "canonical"
+    """How the solutions are written: canonical, or varied (equivalent forms chosen at random: tasks.solution_text)."""
 
 
 @dataclass
@@ -67,7 +69,8 @@ def encode_examples(tokenizer: PreTrainedTokenizerBase, records: list[dict]) -> 
 
 def sft_batches(phase: SFTPhase, tokenizer: PreTrainedTokenizerBase, *, data_seed: int) -> Iterator[SFTBatch]:
     """Endless, seed-determined batches, grouped by length."""
-    stream = problem_stream(split="train", tier=phase.tier, seed=data_seed, slip_rate=phase.slip_rate)
+    stream = problem_stream(split="train", tier=phase.tier, seed=data_seed, slip_rate=phase.slip_rate,
+                            style=phase.style)
     order_rng = random.Random(f"literl-sft-order:{data_seed}")
     while True:
         pool = [next(stream) for _ in range(phase.batch_size * BUCKET_BATCHES)]

@@ -1,0 +1,143 @@
+"""The testbed regimes of the seed studies (docs/testbed.md, "Regimes"): the long tier, recipes that continue a
+built variant, MoE routers with shrunk margins, and the folder names of the existing variants left as they were."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import pytest
+import torch
+
+from literl.testbed import ensure_testbed, read_manifest
+from literl.testbed.build import flatten_routers
+from literl.testbed.recipes import (LONG, LONG_ALIGNED, MICRO, MOE, MOE_FLAT, VARIANTS, MeasureSettings,
+                                    TestbedRecipe, recipe_for)
+from literl.testbed.tasks import TIERS, heldout_problems, train_problems
+from literl.testbed.warmup import SFTPhase
+
+TINY_PHASE = SFTPhase(steps=3, lr=1e-3, slip_rate=0.0, batch_size=4, warmup_steps=1)
+
+
+def test_the_existing_variants_keep_their_folders():
+    """New recipe fields enter the hash only when set: the shipped base weights and every cached aligned, moe and
+    micro folder (and the measurements made on them) stay valid."""
+    assert {name: VARIANTS[name].folder_name() for name in ("base", "aligned", "micro", "moe")} == {
+        "base": "base-21a54a34f58b", "aligned": "aligned-0853c5463de4", "micro": "micro-bc03e0fbbde0",
+        "moe": "moe-342941ae1eb7"}
+
+
+def test_the_new_fields_feed_the_hash_when_set():
+    base = recipe_for("base")
+    variations = [dataclasses.replace(base, parent=MICRO), dataclasses.replace(MOE, router_scale=0.5),
+                  dataclasses.replace(base, measure=dataclasses.replace(base.measure, tier="long"))]
+    hashes = {base.recipe_hash(), MOE.recipe_hash()} | {v.recipe_hash() for v in variations}
+    assert len(hashes) == 2 + len(variations)
+    assert LONG_ALIGNED.to_dict()["parent"] == LONG.to_dict(), "a parent is hashed by its whole recipe"
+
+
+def test_the_long_tier_spans_one_to_twelve_operations_and_7x_in_length():
+    records = train_problems(1200, tier="long", seed=3)
+    assert {r["num_ops"] for r in records} == set(range(1, 13))
+    lengths = [len(r["solution"]) + 1 for r in records]          # + EOS: the response the model writes
+    assert max(lengths) / min(lengths) >= 6
+    assert statistics.pstdev(lengths) / statistics.mean(lengths) > 0.4, "mixed is ~0.3"
+    mixed = [len(r["solution"]) + 1 for r in train_problems(1200, tier="mixed", seed=3)]
+    assert statistics.pstdev(mixed) / statistics.mean(mixed) < 0.35
+
+
+def test_the_long_tier_labels_its_difficulty_in_buckets_of_three_operations():
+    spec = TIERS["long"]
+    assert [spec.difficulty(k) for k in (1, 3, 4, 9, 10, 12)] == [
+        "1-3_ops", "1-3_ops", "4-6_ops", "7-9_ops", "10-12_ops", "10-12_ops"]
+    assert TIERS["mixed"].difficulty(3) == "3_ops"
+    assert {r["difficulty"] for r in heldout_problems(200, tier="long")} == {
+        "1-3_ops", "4-6_ops", "7-9_ops", "10-12_ops"}
+
+
+def test_the_long_tier_held_out_split_is_a_benchmark():
+    from literl.data.problems import load_problems
+
+    rows = load_problems("testbed_long")
+    assert [r["problem"] for r in rows] == [r["problem"] for r in heldout_problems(200, tier="long")]
+    assert [r["problem"] for r in load_problems("testbed")] == [r["problem"] for r in heldout_problems(200)]
+
+
+def test_a_recipe_continues_its_parent_and_a_chain_builds_in_order(tmp_path):
+    """micro → micro_long (long tier, measured on it) → micro_long_clean: each continues the folder before it."""
+    first = dataclasses.replace(MICRO, variant="micro_long", parent=MICRO,
+                                measure=dataclasses.replace(MICRO.measure, tier="long", max_new_tokens=24),
+                                alignment=dataclasses.replace(TINY_PHASE, tier="long", slip_rate=0.1))
+    second = dataclasses.replace(first, variant="micro_long_clean", parent=first, alignment=TINY_PHASE)
+    folder = ensure_testbed(second, cache_dir=tmp_path, progress=False)
+    testbeds = tmp_path / "testbeds"
+    assert read_manifest(folder)["base"]["folder"] == first.folder_name()
+    assert read_manifest(testbeds / first.folder_name())["base"]["folder"] == MICRO.folder_name()
+    assert read_manifest(testbeds / first.folder_name())["recipe"]["measure"]["tier"] == "long"
+    assert "tier" not in read_manifest(testbeds / MICRO.folder_name())["recipe"]["measure"]
+
+
+def test_flattened_routers_keep_every_choice_and_shrink_every_margin():
+    from transformers import Qwen3MoeForCausalLM
+
+    from tests.conftest import tiny_qwen3_moe_config
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(tiny_qwen3_moe_config())
+    gates = [layer.mlp.gate for layer in model.get_decoder().layers]
+    h = torch.randn(64, gates[0].weight.shape[1], generator=torch.Generator().manual_seed(0))
+    before = [h @ g.weight.detach().T.clone() for g in gates]
+    frozen = flatten_routers(model, 0.125)
+    for gate, logits in zip(gates, before):
+        after = h @ gate.weight.T
+        k = gate.top_k
+        assert torch.equal(after.topk(k).indices, logits.topk(k).indices), "the same experts are chosen"
+        torch.testing.assert_close(after, logits * 0.125)
+    assert all(not p.requires_grad for p in frozen) and len(frozen) == len(gates)
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        from tests.conftest import build_tiny_qwen3
+
+        flatten_routers(build_tiny_qwen3(), 0.5)
+
+
+def test_the_regime_recipes_are_what_docs_testbed_md_says():
+    assert LONG.parent == recipe_for("base") and LONG.alignment.tier == "long" and LONG.measure.tier == "long"
+    assert LONG.alignment.slip_rate == 0.1 and LONG_ALIGNED.alignment.slip_rate == 0.0
+    assert LONG_ALIGNED.parent == LONG and LONG_ALIGNED.base_recipe() == LONG
+    assert MOE_FLAT.parent == MOE and MOE_FLAT.router_scale == 1 / 64 and MOE_FLAT.experts is not None
+    assert isinstance(LONG.measure, MeasureSettings) and LONG.measure.max_new_tokens == 160
+    assert isinstance(MOE_FLAT, TestbedRecipe)
+
+
+def test_varied_solutions_are_the_canonical_ones_in_equivalent_forms():
+    """Same problems, answers and values; only the operand order of + and * and the spacing change."""
+    from literl.testbed.tasks import problem_stream
+
+    varied, canonical = problem_stream(split="train", seed=4, style="varied"), problem_stream(split="train", seed=4)
+    forms = set()
+    for _ in range(300):
+        v, c = next(varied), next(canonical)
+        assert (v["problem"], v["answer"]) == (c["problem"], c["answer"])
+        for line_v, line_c in zip(v["solution"].split("\n"), c["solution"].split("\n")):
+            compact = line_v.replace(" ", "")
+            if "=" not in line_c:
+                assert line_v == line_c          # the boxed answer
+                continue
+            lhs_v, rhs_v = compact.split("=")
+            lhs_c, rhs_c = line_c.split("=")
+            assert rhs_v == rhs_c
+            op = next(ch for ch in "+-*" if ch in lhs_c[1:])
+            a, b = lhs_c.split(op, 1)
+            assert lhs_v in ({f"{a}{op}{b}", f"{b}{op}{a}"} if op in "+*" else {f"{a}{op}{b}"})
+            forms.add((" " in line_v, lhs_v != lhs_c))
+    assert forms == {(False, False), (False, True), (True, False), (True, True)}, "every form occurs"
+    with pytest.raises(ValueError, match="solution style"):
+        next(problem_stream(split="train", seed=0, style="fancy"))
+
+
+def test_the_style_field_enters_the_hash_only_when_set():
+    from literl.testbed.recipes import ALIGNED, ALIGNED_VARIED
+
+    assert "style" not in ALIGNED.to_dict()["alignment"] and "style" not in ALIGNED.to_dict()["warmup"]
+    assert ALIGNED_VARIED.to_dict()["alignment"]["style"] == "varied"
+    assert ALIGNED_VARIED.base_recipe() == ALIGNED
