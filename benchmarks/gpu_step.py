@@ -234,8 +234,8 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
                 "update_flops": update_flops(model, train), "peak_memory_gib": _peak_gib(device)})
         prompts = seen["prompts"]
         # Twice: HF's first call in a process pays one-off costs per new shape (on cu13 builds cuDNN's SDPA builds
-        # an execution plan for every key length: 37 s for the 0.6B body's first call on an H200, against ~5 s
-        # warm); the ratio is taken against the second, warm call, as literl's timed steps are warm too.
+        # an execution plan for every key length: 28.9 s for the 0.6B body's first call on an H200, 8.3 s for the
+        # second); the ratio is taken against the second, warm call, as literl's timed steps are warm too.
         hf_cold_s, _ = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
                                    parts.engine.eos_token_ids, parts.engine.pad_id)
         hf_s, hf_tokens = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
@@ -251,7 +251,8 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             "prompts": workload["prompts"], "group": workload["group"],
             "max_new_tokens": workload["max_new_tokens"], "steps": steps,
             "step_s": row["step_s"], "rollout_s": row["rollout_s"], "generated_tokens": row["generated_tokens"],
-            "rollout_tok_s": rollout_tok_s, "hf_generate_s": hf_s, "hf_generate_first_call_s": hf_cold_s, "hf_tokens": hf_tokens, "hf_tok_s": hf_tok_s,
+            "rollout_tok_s": rollout_tok_s, "hf_generate_s": hf_s, "hf_generate_first_call_s": hf_cold_s,
+            "hf_tokens": hf_tokens, "hf_tok_s": hf_tok_s,
             "literl_over_hf": rollout_tok_s / hf_tok_s, "update_s": row["update_s"],
             "trained_tokens": row["trained_tokens"], "update_tflops": tflops,
             "update_mfu": tflops / peak_tflops if peak_tflops else None,
