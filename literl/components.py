@@ -214,7 +214,8 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     optimizer, scheduler = build_optimizer(cfg, policy)
     policy_forward.watch(optimizer)
     learner = InProcessLearner(policy=policy, policy_forward=policy_forward, reference=reference, objective=objective,
-                               optimizer=optimizer, scheduler=scheduler, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+                               optimizer=optimizer, scheduler=scheduler,
+                               micro_batch_tokens=cfg.trainer.micro_batch_tokens,
                                max_grad_norm=cfg.optim.max_grad_norm, device=device)
     if cfg.cluster.address is not None:
         # Rollout workers and trainer ranks on Ray: the same two protocols (Generator, Learner), other processes.

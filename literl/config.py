@@ -57,8 +57,8 @@ class ModelConfig:
                                 "Qwen3-MoE, 8 experts, 2 per token, warmed up like base) | long, long_aligned (base "
                                 "taught the long tier's 1-12 operation chains; aligned: then clean solutions) | "
                                 "aligned_varied (aligned taught solutions in randomly chosen equivalent forms: many "
-                                "tokens with valid alternatives) | moe_flat (moe with router margins shrunk, so routes drift under updates): "
-                                "docs/testbed.md")
+                                "tokens with valid alternatives) | moe_flat (moe with router margins shrunk, so "
+                                "routes drift under updates): docs/testbed.md")
     testbed_prebuilt: bool = knob(True, "on the testbed's first use, install the weights shipped with literl for "
                                         "its recipe (base) instead of building them (~5 min on 2 cores); false "
                                         "builds them here (bitwise identical with the build's torch and threads). "
@@ -172,8 +172,8 @@ class RolloutConfig:
     decode: str = knob("auto", "decode route (engine=hf): auto (on a model the runtime decodes: static on CPU, "
                                "fixed on CUDA; else dynamic) | static (attend over the written cache columns) | "
                                "fixed (one shape per batch size and 64-column width, the not yet written columns "
-                               "masked; on CUDA captured as CUDA graphs per batch bucket) | dynamic (the model's own forward with a growing "
-                               "cache); docs/speed.md")
+                               "masked; on CUDA captured as CUDA graphs per batch bucket) | dynamic (the model's "
+                               "own forward with a growing cache); docs/speed.md")
     compile: bool = knob(False, "torch.compile the static or fixed decode step with its sampling, and the prefill "
                                 "(~20-40 s once, printed; rollout ~25% faster on the CPU speed benchmark, "
                                 "docs/speed.md; for long runs)")

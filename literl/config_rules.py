@@ -72,7 +72,8 @@ def _check_async(cfg: Config) -> None:
     _check(not r.partial_rollouts or (r.engine == "hf" and cfg.cluster.address is None),
            "rollout.partial_rollouts=true needs literl's own engine in the trainer's process (rollout.engine=hf, "
            "cluster.address=null): it loads the next version's weights between two decode steps of a running batch, "
-           "which the vLLM engine's offline API and the Ray rollout workers do not offer; use max_staleness alone there")
+           "which the vLLM engine's offline API and the Ray rollout workers do not offer; use max_staleness alone "
+           "there")
     _check(r.max_staleness == 0 or r.engine != "hf" or cfg.cluster.address is not None
            or not (r.compile or cfg.trainer.compile),
            "rollout.max_staleness >= 1 with literl's engine in the trainer's process runs generation and the update "
@@ -122,7 +123,8 @@ def validate(cfg: Config) -> None:
         _check(value in valid, f"{key}={value!r} is not one of: {', '.join(valid)}")
 
     r, t, o, ev = cfg.rollout, cfg.trainer, cfg.optim, cfg.eval
-    _check(r.prompts_per_step >= 1 and r.group_size >= 1, "rollout.prompts_per_step and rollout.group_size must be >= 1")
+    _check(r.prompts_per_step >= 1 and r.group_size >= 1,
+           "rollout.prompts_per_step and rollout.group_size must be >= 1")
     # null: the profile's value (literl/profiles.py), filled by config_loader.resolve.
     _check(r.max_new_tokens is None or r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1, or null for the "
                                                               "profile's")

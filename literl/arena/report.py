@@ -98,7 +98,8 @@ SELECTED_ENTROPY_PANELS = [
 # lengths differ within a step, and on whether correct and wrong responses differ in length.
 TOKENS = "tokens"
 LENGTH_PANELS = [
-    Panel("response_length/p10", "length, 10th percentile", TOKENS), Panel("response_length/mean", "length, mean", TOKENS),
+    Panel("response_length/p10", "length, 10th percentile", TOKENS),
+    Panel("response_length/mean", "length, mean", TOKENS),
     Panel("response_length/p90", "length, 90th percentile", TOKENS),
     Panel("response_length/cv", "length spread (std / mean)", "coefficient of variation"),
     Panel("response_length/correct_mean", "length of correct responses", TOKENS),

@@ -51,8 +51,8 @@ class BucketGraphs:
 
     `run(key, step, snapshot)` replays the graph of `key` (a bucket: the batch size and, for
     `FixedShapeDecoder`, the attended width), capturing it on first use: `step()` runs one step's device work in
-    place, touches no host state (a replay would not repeat it) and returns nothing; `snapshot()` returns a function that undoes what a step changed (for the warm-up
-    step). `generator`: the CUDA generator the step draws from (registered with every graph). The graphs hold the
+    place, touches no host state (a replay would not repeat it) and returns nothing; `snapshot()` returns a
+    function that undoes what a step changed (for the warm-up step). `generator`: the CUDA generator the step draws from (registered with every graph). The graphs hold the
     addresses of everything the step touched: those buffers must outlive them.
     """
 

@@ -288,8 +288,8 @@ def engine_from_config(cfg, policy: torch.nn.Module, *, eos_token_ids: Sequence[
     except (ValueError, TypeError, EngineSetupError) as error:  # refused before starting: model, settings, setup
         raise ConfigError(f"rollout.engine=vllm: {error}") from error
     if console is not None:
-        console.note(f"vLLM {engine.process.info.get('vllm_version', '?')} engine ready in {engine.start_seconds:.0f} s "
-                     f"(log: {engine.log_path})")
+        console.note(f"vLLM {engine.process.info.get('vllm_version', '?')} engine ready in "
+                     f"{engine.start_seconds:.0f} s (log: {engine.log_path})")
     return engine
 
 

@@ -265,8 +265,9 @@ class Trainer:
         # The collector's state: the prompt stream's position (and an asynchronous run's batches in flight).
         state = {**p.learner.state_dict(), "rng": rng_state(self.rng), **p.collector.state_dict(),
                  "eval_results": self.eval_results, "diagnostics": p.diagnostics.state_dict()}
-        path = save_checkpoint(p.run_dir, self.step, model=p.learner.policy(), tokenizer=p.tokenizer, trainer_state=state,
-                               keep=self.cfg.trainer.keep_checkpoints, config_text=to_yaml(self.cfg))
+        path = save_checkpoint(p.run_dir, self.step, model=p.learner.policy(), tokenizer=p.tokenizer,
+                               trainer_state=state, keep=self.cfg.trainer.keep_checkpoints,
+                               config_text=to_yaml(self.cfg))
         self._saved = (self.step, path)
         return path
 

@@ -143,7 +143,8 @@ def _accumulated(parts, logp, old, rollout, mask, weight_of):
     return acc.result()
 
 
-@pytest.mark.parametrize("parts", [[[0, 1], [2, 3, 4]], [[0], [1], [2], [3], [4]], [[3, 1, 0], [4, 2]], [[2], [0, 1, 3, 4]]])
+@pytest.mark.parametrize("parts", [[[0, 1], [2, 3, 4]], [[0], [1], [2], [3], [4]], [[3, 1, 0], [4, 2]],
+                                   [[2], [0, 1, 3, 4]]])
 def test_every_metric_is_the_same_for_any_micro_batch_split(parts):
     """Uneven rows (lengths 8, 3, 0, 5, 1), micro-batches of different sizes, one holding only the empty row,
     and weights from a different mask (a loss mask that drops row 0, as the overlong filter would): every
