@@ -8,18 +8,18 @@ trainer only drives the loop over what is assembled here. It sits above `literl.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
 from literl.config import Config
-from literl.config_loader import from_yaml_file, resolve, to_yaml
-from literl.data.files import write_json_atomic, write_text_atomic
+from literl.config_loader import resolve
+from literl.data.files import write_json_atomic
 from literl.diagnostics.mechanisms import MechanismDiagnostics
 from literl.host_memory import retain_freed_host_memory
 from literl.model import PolicyForward
@@ -33,8 +33,7 @@ from literl.registry import ConfigError
 from literl.rollout.hf_engine import HFEngine
 from literl.provenance import default_threads
 from literl.training.console import Console, LoadWatch
-from literl.run_lock import LOCK_NAME, DirectoryLock
-from literl.training.checkpoint import checkpoint_candidates, remove_stale_temporaries
+from literl.run_lock import DirectoryLock
 from literl.evaluation.periodic import build_evaluator, prompt_options_of, prompt_template
 from literl.lora import AdaptersOff, apply_lora, is_lora, lora_enabled
 from literl.profiles import model_context
@@ -44,7 +43,8 @@ from literl.training.model_loading import eos_token_ids, load_policy, pad_token_
 from literl.training.learner import InProcessLearner
 from literl.training.optim import build_optimizer
 from literl.training.problems import training_problems
-from literl.training.run_record import Inputs, config_header, record_inputs, write_run_record
+from literl.training.run_directory import claim_run_dir, give_up_run_dir, write_run_config
+from literl.training.run_record import Inputs, record_inputs
 
 
 @dataclass
@@ -127,12 +127,12 @@ def build_components(cfg: Config, *, model: torch.nn.Module | str | None = None,
     device = _device(cfg.trainer.device)
     if cfg.trainer.retain_host_memory and device.type == "cpu":
         retain_freed_host_memory()
-    run_dir, lock, created = _claim_run_dir(cfg, console)
+    run_dir, lock, created = claim_run_dir(cfg, console)
     try:
         return _assemble(cfg, objective, run_dir, lock, device, console, inputs, model=model, tokenizer=tokenizer,
                          problems=problems, reward_fns=reward_fns)
     except BaseException:
-        _give_up_run_dir(run_dir, lock, created)
+        give_up_run_dir(run_dir, lock, created)
         raise
 
 
@@ -233,7 +233,7 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     # path or name leaves no run behind, so the corrected command starts afresh instead of being told to resume;
     # a refused resume leaves config.yaml as it was.
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(_as_dict(cfg), default=str)),
+    log = MetricsLog(run_dir, cfg.trainer.trackers, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
                      run_name=run_dir.name)
     diagnostics = MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids))
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
@@ -246,7 +246,7 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                          collector=collector,
                          optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
                          diagnostics=diagnostics, lock=lock,
-                         write_record=lambda: _write_run_config(run_dir, cfg, inputs, engine))
+                         write_record=lambda: write_run_config(run_dir, cfg, inputs, engine))
 
 
 def _asynchronous(cfg: Config, collector: Collector, engine, learner, policy, tokenizer, pad_id: int,
@@ -335,85 +335,6 @@ def _device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
-def _claim_run_dir(cfg: Config, console: Console) -> tuple[Path, DirectoryLock, bool]:
-    """The run directory, locked for this process (one writer per run) and checked (before anything slow loads);
-    also whether this call created it."""
-    if cfg.trainer.output_dir:
-        run_dir = Path(cfg.trainer.output_dir)
-    else:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir = Path("runs") / f"{cfg.preset or 'custom'}-{stamp}"
-    _refuse_a_folder_that_is_not_a_run(run_dir, cfg)      # before the lock: its file would change the folder
-    created = not run_dir.exists()
-    lock = DirectoryLock(run_dir).acquire()
-    try:
-        _check_run_dir(run_dir, cfg, console)
-        removed = remove_stale_temporaries(run_dir)     # under the lock: no other process is writing them
-    except BaseException:
-        _give_up_run_dir(run_dir, lock, created)
-        raise
-    if removed:
-        console.note(f"removed {len(removed)} unfinished temporary file(s) left by an interrupted save: "
-                     + ", ".join(str(p.relative_to(run_dir)) for p in removed[:3]) + (" …" if len(removed) > 3 else ""))
-    return run_dir, lock, created
-
-
-def _give_up_run_dir(run_dir: Path, lock: DirectoryLock, created: bool) -> None:
-    """A start that failed leaves the directory as it found it (a directory it created is removed when empty)."""
-    lock.release()
-    if created:
-        try:
-            (run_dir / LOCK_NAME).unlink(missing_ok=True)
-            run_dir.rmdir()
-        except OSError:
-            pass        # something else was written there: keep it
-
-
-# Names that only literl writes into a run directory (train.log: an ablation's console output, written before the
-# run's first start): a folder holding none of them is not a run, whatever else it holds.
-RUN_MARKERS = ("config.yaml", "run.json", "metrics.jsonl", "checkpoints", "summary.json", "final", "train.log")
-
-
-def _refuse_a_folder_that_is_not_a_run(run_dir: Path, cfg: Config) -> None:
-    """A non-empty folder that literl did not write is the user's: training (or "resuming") into it would mix a run
-    into their files, and cleaning a run's leftovers there could delete theirs."""
-    if not run_dir.is_dir() or any((run_dir / name).exists() for name in RUN_MARKERS):
-        return
-    entries = sorted(entry.name for entry in run_dir.iterdir() if entry.name != LOCK_NAME)
-    if entries:
-        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
-        why = "trainer.resume=true continues a run that literl wrote there. " if cfg.trainer.resume else ""
-        raise FileExistsError(
-            f"trainer.output_dir={run_dir} is not empty and is not a literl run (it holds {shown}; a run has "
-            f"config.yaml, run.json, metrics.jsonl or checkpoints/). {why}Choose a new or empty "
-            "trainer.output_dir (nothing there was changed).")
-
-
-def _check_run_dir(run_dir: Path, cfg: Config, console: Console) -> None:
-    """Refuse a directory that holds a run unless resuming, and a resume that would redo a finished run."""
-    config_path = run_dir / "config.yaml"
-    # A lone config.yaml (+ run.json) is what a start that failed while loading left behind.
-    if run_dir.exists() and any(entry.name not in ("config.yaml", "run.json", LOCK_NAME)
-                                for entry in run_dir.iterdir()):
-        if not cfg.trainer.resume:
-            raise FileExistsError(
-                f"run directory {run_dir} already holds a run. Continue it with trainer.resume=true, or choose "
-                f"another trainer.output_dir (nothing there was changed).")
-        finished = [name for name in ("summary.json", "final") if (run_dir / name).exists()]
-        if finished and not checkpoint_candidates(run_dir):
-            raise FileExistsError(
-                f"run directory {run_dir} holds a finished run ({' and '.join(finished)}) whose checkpoints were "
-                "deleted, so it cannot be continued: resuming would retrain from step 0 and overwrite final/. "
-                "Start a new run in another trainer.output_dir (nothing there was changed).")
-        if config_path.exists():
-            try:
-                saved = from_yaml_file(config_path)
-            except ConfigError as err:
-                console.note(f"not comparing with the saved config: {err}")
-            else:
-                _warn_config_changes(saved, cfg, console)
-
-
 def _check_sizes(cfg: Config, data, policy, tokenizer, template: str, prompt_options: dict, device,
                  console: Console) -> None:
     """Prompts that cannot fit the model's context are dropped from `data` (or refused); sizes that cannot fit
@@ -441,53 +362,6 @@ def _check_reference_path(cfg: Config) -> None:
     if looks_local and not Path(ref).expanduser().is_dir():
         raise FileNotFoundError(f"model.reference={ref} is not a directory; point it at a model saved with "
                                 "save_pretrained, or leave it unset for a frozen copy of the starting policy")
-
-
-def _write_run_config(run_dir: Path, cfg: Config, inputs: Inputs, engine) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / "config.yaml", config_header(inputs) + to_yaml(cfg))
-    # An engine in its own process and environment (vLLM) reports its own versions: the trainer's are not its.
-    info = getattr(getattr(engine, "process", None), "info", None) or {}
-    write_run_record(run_dir, inputs, resume=cfg.trainer.resume,
-                     engine={"name": cfg.rollout.engine, **{k: v for k, v in info.items() if k != "pid"}})
-    if not cfg.trainer.output_dir:
-        _point_latest(run_dir)
-
-
-def _point_latest(run_dir: Path) -> None:
-    link = run_dir.parent / "latest"
-    try:
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(run_dir.name)
-    except OSError:
-        pass    # a convenience only (e.g. filesystems without symlinks)
-
-
-def _warn_config_changes(old: Config, new: Config, console: Console) -> None:
-    old_d, new_d = _flatten(_as_dict(old)), _flatten(_as_dict(new))
-    ignored = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.output_dir", "trainer.threads",
-               "trainer.compile", "eval.", "cluster.", "trainer.log_every")
-    changed = [k for k in sorted(set(old_d) | set(new_d))
-               if old_d.get(k) != new_d.get(k) and not k.startswith(ignored)]
-    if changed:
-        console.note("resuming with a config that differs from the saved one in: " + ", ".join(changed))
-
-
-def _as_dict(cfg) -> dict:
-    import dataclasses
-
-    return dataclasses.asdict(cfg)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v and k not in ("params",):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _reference_model(cfg: Config, policy: torch.nn.Module, device, dtype: torch.dtype) -> torch.nn.Module:
