@@ -9,6 +9,8 @@ the update. Run it in two checkouts and compare the lines (the workload and the 
     diff before.json after.json          # (copy this file into a checkout that predates it)
 
 Equal token hashes mean both sampled the same responses; the weights' hash also catches float-rounding changes.
+It runs at 1 torch thread by default: at 2, two runs of the same checkout gave different weight hashes after the
+first update (2026-11-26, before and after that day's merges alike), so only 1-thread fingerprints compare.
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ def short_hash(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()[:16]
 
 
-def fingerprint(overrides: tuple[str, ...], steps: int) -> list[dict]:
+def fingerprint(overrides: tuple[str, ...], steps: int, threads: int = 1) -> list[dict]:
     model, tokenizer = workload.build_model()
-    stepper = LiterlStepper(model, tokenizer, problems(), threads=2, group_size=workload.GROUP_SIZE,
+    stepper = LiterlStepper(model, tokenizer, problems(), threads=threads, group_size=workload.GROUP_SIZE,
                             max_new_tokens=workload.MAX_NEW_TOKENS, extra_overrides=overrides)
     out = []
     try:
@@ -60,9 +62,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: reproducible run to run)")
     args = parser.parse_args()
     for name in args.configs:
-        print(json.dumps({"config": name, "steps": fingerprint(CONFIGS[name], args.steps)}), flush=True)
+        print(json.dumps({"config": name, "steps": fingerprint(CONFIGS[name], args.steps, args.threads)}), flush=True)
 
 
 if __name__ == "__main__":
