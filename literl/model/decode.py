@@ -197,11 +197,7 @@ class StaticKVDecoder:
     def _step(self, token_R: torch.Tensor, sample: Sample):
         if self.column >= self.bias_RS.shape[1]:
             raise RuntimeError("the static KV cache is full: more steps than max_new_tokens")
-        recording = routes = None
-        if self.record is not None:
-            recording = (self.record.weights, self.record.add_step(self.slot_rows_R, self.column - self.prompt_width))
-        if self.routing is not None:
-            routes = self.routing.at(self.slot_rows_R, self.position_R)
+        recording, routes = _step_extras(self)
         out = self.step_fn(self.model, token_R, self.position_R, self.keys, self.values, self.bias_RS, self.column,
                            recording, sample, routes)
         self.column += 1
@@ -323,11 +319,7 @@ class FixedShapeDecoder:
         bookkeeping is host state: recording steps are never captured.)"""
         if self.column >= self.capacity:
             raise RuntimeError("the static KV cache is full: more steps than max_new_tokens")
-        recording = routes = None
-        if self.record is not None:
-            recording = (self.record.weights, self.record.add_step(self.slot_rows_R, self.column - self.prompt_width))
-        if self.routing is not None:
-            routes = self.routing.at(self.slot_rows_R, self.position_R)
+        recording, routes = _step_extras(self)
         width = self.attended_width()
         keys, values, bias_RS = self.keys, self.values, self.bias_RS
         if width < self.capacity:       # views of the first columns: the same memory at every step of this width
@@ -406,3 +398,16 @@ class DynamicCacheDecoder:
         self.cache.batch_select_indices(kept_R)
         self.attention_mask_RS = self.attention_mask_RS[kept_R]
         self.next_position_R = self.next_position_R[kept_R]
+
+
+def _step_extras(decoder) -> tuple:
+    """What a static-cache decoder's step passes its step function besides the cache: the record's weights and
+    this step's row slots in it (None without a record), and the replayed routes of the running rows (None
+    without Routing Replay)."""
+    recording = routes = None
+    if decoder.record is not None:
+        recording = (decoder.record.weights,
+                     decoder.record.add_step(decoder.slot_rows_R, decoder.column - decoder.prompt_width))
+    if decoder.routing is not None:
+        routes = decoder.routing.at(decoder.slot_rows_R, decoder.position_R)
+    return recording, routes

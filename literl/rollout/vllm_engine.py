@@ -96,13 +96,7 @@ class VllmEngine:
                                       extra_args=extra_args or {})
         # The model folder, each sync's weights file and the socket live in memory (/dev/shm) where there is one.
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.work_dir = tempfile.mkdtemp(prefix="literl-vllm-", dir=shm)
-        model_dir = os.path.join(self.work_dir, "model")
-        try:
-            self._save_model(policy, model_dir)
-        except BaseException:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-            raise
+        model_dir = self._new_work_dir(policy, shm)
         start = time.perf_counter()
         # What `restart` starts a new process with (an asynchronous run restarts an engine that died).
         self._process_args = dict(python=python, llm_kwargs=llm_kwargs, start_timeout_s=start_timeout_s,
@@ -243,19 +237,24 @@ class VllmEngine:
         """Whether the engine process is running and connected."""
         return self.process.alive
 
-    def restart(self, policy: torch.nn.Module) -> None:
-        """Stop what is left of the engine process and start a new one on `policy`'s weights, with the same
-        settings and log (appended to). For asynchronous runs (`literl.rollout.async_rollout.VersionedEngine`):
-        an engine killed mid-flight costs the generation it was serving, which is then sampled again."""
-        self.process.close()
-        shm = os.path.dirname(self.work_dir)
-        self.work_dir = tempfile.mkdtemp(prefix="literl-vllm-", dir=shm)
+    def _new_work_dir(self, policy: torch.nn.Module, parent: str | None) -> str:
+        """A fresh `work_dir` under `parent` holding `policy` saved for vLLM; its model folder (nothing is left
+        behind when saving fails)."""
+        self.work_dir = tempfile.mkdtemp(prefix="literl-vllm-", dir=parent)
         model_dir = os.path.join(self.work_dir, "model")
         try:
             self._save_model(policy, model_dir)
         except BaseException:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             raise
+        return model_dir
+
+    def restart(self, policy: torch.nn.Module) -> None:
+        """Stop what is left of the engine process and start a new one on `policy`'s weights, with the same
+        settings and log (appended to). For asynchronous runs (`literl.rollout.async_rollout.VersionedEngine`):
+        an engine killed mid-flight costs the generation it was serving, which is then sampled again."""
+        self.process.close()
+        model_dir = self._new_work_dir(policy, os.path.dirname(self.work_dir))
         args = self._process_args
         start = time.perf_counter()
         self.process = EngineProcess(args["python"], model_dir=model_dir, llm_kwargs=args["llm_kwargs"],
