@@ -37,6 +37,12 @@ Per body, after `--warmup` untimed steps (probes, `trainer.micro_batch_tokens=au
 For the first body it also times one forward + backward of the last update's rows with each packed attention
 kernel (`attention_kernel_s`), what `literl.model.capabilities.PACKED_ROUTE`'s order should be measured by.
 
+With `--profile DIR` one more step's update runs under `torch.profiler` after the timed steps (what the update's
+MFU is lost to): DIR/<body>_update_ops.txt holds the top operators by device time (CPU time without CUDA), and the
+row gains `update_profile`: the device seconds by kind of kernel (matmul, attention, norm/elementwise, optimizer,
+copies, communication, other), the kernels launched, the host synchronisations (cudaStreamSynchronize,
+cudaDeviceSynchronize, cudaMemcpy without Async) and the share of the update's wall time the device was busy.
+
 On the GPU machine (torch and transformers there; carry the few pure-Python packages literl needs,
 `benchmarks/gpu_wheels.sh`):
 
@@ -180,7 +186,7 @@ def attention_kernel_seconds(model: torch.nn.Module, train, compute: torch.dtype
 
 def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, device: torch.device,
              attention: str, peak_tflops: float | None, kernels: bool, compile: bool = False,
-             decode: str = "auto") -> dict:
+             decode: str = "auto", profile_dir: Path | None = None) -> dict:
     import literl
     from literl.components import build_components
     from literl.model.compiled import compile_seconds
@@ -211,10 +217,13 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
                              reward_fns=[digit_fraction])
     trainer = Trainer(parts)
     seen = _instrument(parts)
+    # The profiled update is one more step after the timed ones: the profiler's overhead stays out of the medians.
+    extra = 1 if profile_dir else 0
+    profiled = _profile_last_update(parts, device, profile_dir, name, warmup + steps + 1) if extra else {}
     records, first_step_s = [], None
     compiled_before = sum(compile_seconds().values())
     try:
-        for i in range(warmup + steps):
+        for i in range(warmup + steps + extra):
             _reset_peak(device)
             _synchronize(device)
             start = time.perf_counter()
@@ -225,7 +234,7 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             if i == 0:
                 first_step_s = step_s
                 print(f"[gpu_step] {name}: first step {step_s:.1f} s", file=sys.stderr, flush=True)
-            if i < warmup:
+            if i < warmup or i >= warmup + steps:
                 continue
             train = seen["train"]
             records.append({
@@ -261,6 +270,7 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             "decode": parts.engine.decode_report() if hasattr(parts.engine, "decode_report") else None,
             "micro_batch_tokens": parts.policy_forward.max_tokens,
             "packed_attention": parts.policy_forward.packed_kernel, "attention_kernel_s": kernel_s,
+            "update_profile": profiled.get("summary"),
         })
     finally:
         parts.log.close()
@@ -290,6 +300,86 @@ def _instrument(parts) -> dict:
     parts.engine.generate = timed_generate
     parts.objective.prepare = keep_prepared
     return seen
+
+
+# Which kind of work a kernel (or, without CUDA, an operator) is, by the first pattern its lower-cased name holds.
+KERNEL_KINDS = (
+    ("communication", ("nccl", "gloo", "all_reduce", "allreduce", "all_gather", "reduce_scatter")),
+    ("attention", ("flash", "attn", "attention", "fmha", "sdpa", "varlen")),
+    ("matmul", ("gemm", "cutlass", "sm90_xmma", "nvjet", "aten::mm", "aten::addmm", "aten::bmm", "matmul",
+                "aten::linear")),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "_fused")),
+    ("copy", ("memcpy", "memset", "copy_", "aten::to", "cat", "index", "gather", "scatter")),
+    ("norm_elementwise", ("norm", "elementwise", "vectorized", "reduce", "softmax", "silu", "exp", "log", "mul",
+                          "add", "sum", "mean", "pow", "rsqrt", "where", "fill")),
+)
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaEventSynchronize")
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    for kind, patterns in KERNEL_KINDS:
+        if any(pattern in lowered for pattern in patterns):
+            return kind
+    return "other"
+
+
+def _profile_last_update(parts, device: torch.device, out_dir: Path, name: str, calls: int) -> dict:
+    """Run the `calls`-th learner update under torch.profiler; fill and return a dict
+    with "summary" (see the module's docstring) once it has run, and write the operator table to `out_dir`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict = {}
+    update, count = parts.learner.update, [0]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+    def profiled_update(*args, **kwargs):
+        count[0] += 1
+        if count[0] != calls:
+            return update(*args, **kwargs)
+        _synchronize(device)
+        start = time.perf_counter()
+        with profile(activities=activities) as prof:
+            result = update(*args, **kwargs)
+            _synchronize(device)
+        wall_s = time.perf_counter() - start
+        out["summary"] = profile_summary(prof.events(), wall_s, cuda=device.type == "cuda")
+        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=90)
+        tmp = out_dir / f".{name}_update_ops.txt.tmp"
+        tmp.write_text(f"{name}: the update of the last timed step, {wall_s:.3f} s wall\n{table}\n")
+        tmp.replace(out_dir / f"{name}_update_ops.txt")
+        return result
+
+    parts.learner.update = profiled_update
+    return out
+
+
+def profile_summary(events, wall_s: float, *, cuda: bool) -> dict:
+    """Device (CUDA) or, without CUDA, CPU self time in seconds by `kernel_kind`, the kernels launched, the host
+    synchronisations and the share of `wall_s` the device was busy (kernels may overlap: an upper bound)."""
+    by_kind: dict[str, float] = {}
+    kernels = syncs = 0
+    for event in events:
+        if event.name.startswith(SYNC_CALLS) and "Async" not in event.name:
+            syncs += 1
+        if cuda:
+            if event.device_type.name != "CUDA":
+                continue
+            kernels += 1
+            seconds = getattr(event, "device_time_total", None) or event.cuda_time_total
+            seconds /= 1e6
+        else:
+            if not event.name.startswith("aten::"):
+                continue
+            seconds = event.self_cpu_time_total / 1e6       # self times: nested operators are not counted twice
+        kind = kernel_kind(event.name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+    busy = sum(by_kind.values())
+    return {"wall_s": round(wall_s, 4), "device_busy_frac": round(busy / wall_s, 4) if wall_s else None,
+            "seconds_by_kind": {k: round(v, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "kernels": kernels if cuda else None, "host_syncs": syncs if cuda else None}
 
 
 def _synchronize(device: torch.device) -> None:
@@ -331,6 +421,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--compile", action="store_true",
                         help="trainer.compile=true rollout.compile=true (compile_s: what torch.compile took)")
     parser.add_argument("--decode", default="auto", help="rollout.decode for the runs (auto, static, fixed)")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="profile one more step's update: operator table in DIR, kinds in the row")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     tiny = args.tiny or device.type == "cpu"
@@ -348,7 +440,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"[gpu_step] {name} on {_device_name(device)}...", file=sys.stderr, flush=True)
             row = run_body(name, bodies[name], workload=workload, steps=args.steps, warmup=args.warmup,
                            device=device, attention=args.attention, peak_tflops=peak,
-                           kernels=i == 0 and not args.no_kernels, compile=args.compile, decode=args.decode)
+                           kernels=i == 0 and not args.no_kernels, compile=args.compile, decode=args.decode,
+                           profile_dir=args.profile)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         rows.append(row)

@@ -55,3 +55,29 @@ def test_the_tiny_mode_prints_one_line_per_body(capsys):
         assert row["update_mfu"] is None and row["compile_s"] is None and row["device"] == "cpu"
         assert row["micro_batch_tokens"] == 16384 and row["packed_attention"] is None
     assert len(capsys.readouterr().out.strip().splitlines()) == 3
+
+
+def test_kernels_are_sorted_into_kinds_by_name():
+    """The names of an H100 profile's kernels and of CPU operators land in the kind the MFU analysis needs."""
+    assert gpu_step.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert gpu_step.kernel_kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "matmul"
+    assert gpu_step.kernel_kind("flash::flash_fwd_kernel<Flash_fwd_kernel_traits>") == "attention"
+    assert gpu_step.kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel") == "optimizer"
+    assert gpu_step.kernel_kind("Memcpy HtoD (Pinned -> Device)") == "copy"
+    assert gpu_step.kernel_kind("void at::native::vectorized_elementwise_kernel<4, SiLU>") == "norm_elementwise"
+    assert gpu_step.kernel_kind("aten::addmm") == "matmul"
+    assert gpu_step.kernel_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert gpu_step.kernel_kind("void at::native::unrolled_elementwise_kernel") == "norm_elementwise"
+    assert gpu_step.kernel_kind("cudaLaunchKernel") == "other"
+
+
+def test_the_profile_option_writes_the_update_s_operators_and_kinds(tmp_path):
+    """--profile on the tiny CPU mode: the operator table is written, and the update's CPU self time is split
+    into kinds, matmuls among them, never more than the update's wall time."""
+    rows = gpu_step.main(["--tiny", "--models", "qwen3-0.6b", "--steps", "1", "--warmup", "0",
+                          "--profile", str(tmp_path)])
+    summary = rows[0]["update_profile"]
+    assert "aten::" in (tmp_path / "qwen3-0.6b_update_ops.txt").read_text()
+    assert summary["seconds_by_kind"]["matmul"] > 0
+    assert 0 < sum(summary["seconds_by_kind"].values()) <= summary["wall_s"]
+    assert summary["kernels"] is None and summary["host_syncs"] is None
