@@ -9,8 +9,10 @@ the update. Run it in two checkouts and compare the lines (the workload and the 
     diff before.json after.json          # (copy this file into a checkout that predates it)
 
 Equal token hashes mean both sampled the same responses; the weights' hash also catches float-rounding changes.
-It runs at 1 torch thread by default: at 2, two runs of the same checkout gave different weight hashes after the
-first update (2026-11-26, before and after that day's merges alike), so only 1-thread fingerprints compare.
+It runs at 1 torch thread by default; `--threads 2` (the default job's) reproduces itself too, with other hashes
+(the matmuls split their sums by thread). Until 2026-11-26 it did not: the G rows of a group added their gradients
+into their shared prompt's last hidden state through indexing's backward, whose threads add in whichever order
+they get there (`tests/training/test_shared_prompts.py`); fingerprints of checkouts before that compare at 1 thread.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: reproducible run to run)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (each count reproduces itself run to run; counts differ from each other)")
     args = parser.parse_args()
     for name in args.configs:
         print(json.dumps({"config": name, "steps": fingerprint(CONFIGS[name], args.steps, args.threads)}), flush=True)

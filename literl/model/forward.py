@@ -63,7 +63,10 @@ def response_hidden(model: torch.nn.Module, tokens_BL: torch.Tensor, prompt_len_
     flat_index_BT = torch.full(valid_BT.shape, -1, dtype=torch.long, device=device)
     flat_index_BT[valid_BT] = torch.arange(int(valid_BT.sum()), device=device)
     starts_B = torch.nonzero(valid_BT[:, 0]).flatten()
-    parts = [prompt_hidden_UXH[prompts.source_B[starts_B], -1]]
+    # The G rows of a group read their prompt's last hidden state: repeat_rows, whose backward adds their
+    # gradients in a fixed order (indexing's backward, an accumulating index_put, adds them in whichever order
+    # its threads reach them, so 2-thread updates did not reproduce themselves).
+    parts = [repeat_rows(prompt_hidden_UXH[:, -1], prompts.source_B[starts_B])]
     order = [flat_index_BT[starts_B, 0]]
     # Response inputs a row needs: tokens 0 .. n−2 predict tokens 1 .. n−1.
     steps_B = torch.arange(1, valid_BT.shape[1] + 1, device=device).mul(valid_BT).amax(-1) - 1

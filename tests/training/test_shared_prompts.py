@@ -207,3 +207,34 @@ def test_rows_longer_than_a_sliding_window_take_the_plain_path(monkeypatch):
     torch.testing.assert_close(logp[mask_BT], ref_logp[mask_BT], rtol=0, atol=1e-5)
     for name, grad in _loss_grads(model, logp, ent, mask_BT).items():
         torch.testing.assert_close(grad, ref_grads[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_two_thread_gradients_of_shared_prompts_reproduce_bit_for_bit():
+    """At 2 threads the same backward gives the same gradients, bit for bit, and the 1-thread ones: the G rows of
+    a group add their gradients into their shared prompt's last hidden state in a fixed order. (Indexing's
+    backward, an accumulating index_put, adds them in whichever order its 2 threads get there: for rows as wide as
+    these, 16 prompts × 8 shuffled rows × 256 features, the default job's 2-thread updates did not reproduce
+    themselves.)"""
+    model = build_tiny_qwen3(seed=7, hidden_size=256, num_hidden_layers=1, intermediate_size=64)
+    prompts = [[5 + i, 6 + i % 7, 7] for i in range(16)]
+    tokens_BL, prompt_len_B, T, mask_BT = _grouped_batch(prompts, [[3, 5, 1, 4, 6, 2, 5, 3]] * 16, seed=2)
+    # Rows in a shuffled order, as a micro-batch sorted by length holds them: each thread's share of the rows
+    # then reaches every prompt.
+    order = torch.randperm(len(tokens_BL), generator=torch.Generator().manual_seed(0))
+    tokens_BL, prompt_len_B, mask_BT = tokens_BL[order], prompt_len_B[order], mask_BT[order]
+    threads = torch.get_num_threads()
+
+    def grads():
+        logp, ent = token_logprobs(model, tokens_BL, prompt_len_B, T, with_entropy=True, mask_BT=mask_BT)
+        return _loss_grads(model, logp, ent, mask_BT)
+
+    try:
+        torch.set_num_threads(1)
+        one_thread = grads()
+        torch.set_num_threads(2)
+        runs = [grads() for _ in range(4)]
+    finally:
+        torch.set_num_threads(threads)
+    for run in runs:
+        for name, grad in run.items():
+            assert torch.equal(grad, one_thread[name]), name
