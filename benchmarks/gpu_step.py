@@ -219,7 +219,7 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
     seen = _instrument(parts)
     # The profiled update is one more step after the timed ones: the profiler's overhead stays out of the medians.
     extra = 1 if profile_dir else 0
-    profiled = _profile_last_update(parts, device, profile_dir, name, warmup + steps + 1) if extra else {}
+    profiled = _profile_one_update(parts, device, profile_dir, name, warmup + steps + 1) if extra else {}
     records, first_step_s = [], None
     compiled_before = sum(compile_seconds().values())
     try:
@@ -324,7 +324,7 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def _profile_last_update(parts, device: torch.device, out_dir: Path, name: str, calls: int) -> dict:
+def _profile_one_update(parts, device: torch.device, out_dir: Path, name: str, calls: int) -> dict:
     """Run the `calls`-th learner update under torch.profiler; fill and return a dict
     with "summary" (see the module's docstring) once it has run, and write the operator table to `out_dir`."""
     from torch.profiler import ProfilerActivity, profile

@@ -10,7 +10,7 @@ the update. Run it in two checkouts and compare the lines (the workload and the 
 
 Equal token hashes mean both sampled the same responses; the weights' hash also catches float-rounding changes.
 It runs at 1 torch thread by default; `--threads 2` (the default job's) reproduces itself too, with other hashes
-(the matmuls split their sums by thread). Until 2026-11-26 it did not: the G rows of a group added their gradients
+(the matmuls split their sums by thread). Before 2026-11-27 it did not: the G rows of a group added their gradients
 into their shared prompt's last hidden state through indexing's backward, whose threads add in whichever order
 they get there (`tests/training/test_shared_prompts.py`); fingerprints of checkouts before that compare at 1 thread.
 """
@@ -64,7 +64,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (each count reproduces itself run to run; counts differ from each other)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (each count reproduces itself run to run; counts differ from each other)")
     args = parser.parse_args()
     for name in args.configs:
         print(json.dumps({"config": name, "steps": fingerprint(CONFIGS[name], args.steps, args.threads)}), flush=True)
