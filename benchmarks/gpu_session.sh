@@ -2,15 +2,16 @@
 # Every GPU figure and test in one call (docs/speed.md, "On a GPU" and "GPU decode"), for a lent machine with a
 # time budget: each part has its own limit, and what a part printed is kept under $OUT (default ./gpu-out) even
 # when a later part is stopped. Carry .whl (benchmarks/gpu_wheels.sh) to a bare image.
-#     bash benchmarks/gpu_session.sh            # ≈ 8 minutes on one H100/H200
+#     bash benchmarks/gpu_session.sh            # ≈ 8 minutes on one H100/H200 (GPU_SESSION_S: its budget)
 #     bash benchmarks/gpu_session.sh suite      # instead: every non-slow test with CUDA present (≈ 4 minutes)
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:.
+    && export PYTHONPATH=/tmp/site:$PWD
 fi
-export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
+# The repository by its absolute path: tests start `python -m literl.cli` and engine processes in other folders.
+export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv;
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } \
   > "$OUT/machine.txt" 2>&1
@@ -26,25 +27,26 @@ if [ "${1:-}" = suite ]; then
   grep -E "(FAILED|ERROR) " "$OUT/suite.log" | sort -u > "$OUT/suite_failures.txt"
   mark "done"; exit 0
 fi
-# 1. the rollout against HF generate and the update's MFU, the decode route CUDA graphs, eager (the main figures);
-#    one more step's update profiled (what the MFU is lost to: profile/ and the row's update_profile)
-mark "0.6B eager"
-timeout 170 python3 benchmarks/gpu_step.py --models qwen3-0.6b --steps 2 --warmup 1 --profile "$OUT/profile" \
-  > "$OUT/step_0.6b.jsonl" 2> "$OUT/step_0.6b.err"; echo "rc=$?" >> "$OUT/step_0.6b.err"
-# 2. the GPU tests (the graphs against the eager step, bf16 masters, packed kernels, no host sync)
+# At most 8 files come back from a lent machine: steps.jsonl and steps.err gather every body's row and log.
+# 1. the update's MFU targets: the 0.6B and 1.7B bodies with the packed layers compiled (trainer.compile=true,
+#    the rollout eager in its CUDA graphs), one more update profiled each (profile/: the top kernels; the row's
+#    update_profile: device seconds by kind, kernels, host synchronisations)
+for body in qwen3-0.6b qwen3-1.7b; do     # a process each: each body's compile seconds its own
+  mark "$body, update compiled"
+  timeout 150 python3 benchmarks/gpu_step.py --models $body --steps 2 --warmup 1 --compile-update --no-hf \
+    --no-kernels --profile "$OUT/profile" >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"; echo "rc=$?" >> "$OUT/steps.err"
+done
+rm -f "$OUT/profile/qwen3-1.7b_update_trace.json.gz"
+# 2. the GPU tests (the graphs against the eager step, bf16 masters, packed kernels, compiled packed layers, no host
+#    sync in the micro-batch loop)
 mark "pytest -m gpu"
 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/pytest_gpu.log" 2>&1
 echo "rc=$?" >> "$OUT/pytest_gpu.log"
-# 3. compile that finishes: trainer.compile=true rollout.compile=true, recompiles logged
-mark "0.6B compiled"
-TORCH_LOGS=recompiles timeout 170 python3 benchmarks/gpu_step.py --models qwen3-0.6b --steps 2 --warmup 1 \
-  --compile --no-kernels > "$OUT/step_0.6b_compiled.jsonl" 2> "$OUT/step_0.6b_compiled.err"
-echo "rc=$?" >> "$OUT/step_0.6b_compiled.err"
-# 4. the other bodies while time is left
+# 3. eager, the rollout against HF generate (warm) and each packed attention kernel; then the MoE while time is left
 left=$(( ${GPU_SESSION_S:-470} - ( $(date +%s) - start ) ))
-mark "other bodies, ${left} s left"
+mark "0.6B eager and the MoE, ${left} s left"
 if [ "$left" -gt 60 ]; then
-  timeout "$left" python3 benchmarks/gpu_step.py --models qwen3-moe,qwen3-1.7b --no-kernels --budget-s $(( left - 60 )) \
-    > "$OUT/step_others.jsonl" 2> "$OUT/step_others.err"; echo "rc=$?" >> "$OUT/step_others.err"
+  timeout "$left" python3 benchmarks/gpu_step.py --models qwen3-0.6b,qwen3-moe --budget-s $(( left - 60 )) \
+    >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"; echo "rc=$?" >> "$OUT/steps.err"
 fi
 mark "done"

@@ -30,23 +30,26 @@ Per body, after `--warmup` untimed steps (probes, `trainer.micro_batch_tokens=au
     peak_memory_gib            torch.cuda.max_memory_allocated over the timed steps
     first_step_s               the first (warm-up) step: probes, sizing, graph captures and, with --compile,
                                every compile
-    compile_s                  with --compile (`trainer.compile=true rollout.compile=true`): the seconds
-                               `torch.compile` took (`literl.model.compiled.compile_seconds()`, summed); else null
+    compile_s                  with --compile (`trainer.compile=true rollout.compile=true`) or --compile-update
+                               (`trainer.compile=true`: the update's packed layers, the rollout eager in its CUDA
+                               graphs): the seconds `torch.compile` took (`literl.model.compiled.compile_seconds()`,
+                               summed); else null
     decode                     the engine's `decode_report()`: route, compile seconds by function, the CUDA graphs
                                captured (bucket, width) and their capture seconds, a capture failure if any
-For the first body it also times one forward + backward of the last update's rows with each packed attention
-kernel (`attention_kernel_s`), what `literl.model.capabilities.PACKED_ROUTE`'s order should be measured by.
+For the first body it also times one forward + backward of the last update's first rows (a micro-batch's worth)
+with each packed attention kernel (`attention_kernel_s`), what `literl.model.capabilities.PACKED_ROUTE`'s order should be measured by.
 
 With `--profile DIR` one more step's update runs under `torch.profiler` after the timed steps (what the update's
 MFU is lost to): DIR/<body>_update_ops.txt holds the top operators by device time (CPU time without CUDA), and the
-row gains `update_profile`: the device seconds by kind of kernel (matmul, attention, norm/elementwise, optimizer,
-copies, communication, other), the kernels launched, the host synchronisations (cudaStreamSynchronize,
-cudaDeviceSynchronize, cudaMemcpy without Async) and the share of the update's wall time the device was busy.
+row gains `update_profile`: the device seconds by kind of kernel (matmul, attention, norm/elementwise, compiled
+fused kernels, optimizer, copies, communication, other), the kernels launched, the host synchronisations
+(cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpy without Async) and the share of the update's wall time
+the device was busy.
 
 On the GPU machine (torch and transformers there; carry the few pure-Python packages literl needs,
 `benchmarks/gpu_wheels.sh`):
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu_step.py
 """
 
@@ -160,20 +163,25 @@ def hf_generate(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens
     return seconds, generated
 
 
-def attention_kernel_seconds(model: torch.nn.Module, train, compute: torch.dtype) -> dict[str, float | str]:
-    """One forward + backward of the rows with each packed attention kernel (after one warm-up call each)."""
+def attention_kernel_seconds(model: torch.nn.Module, train, compute: torch.dtype, max_tokens: int
+                             ) -> dict[str, float | str]:
+    """One forward + backward of the first rows that fit a micro-batch of `max_tokens` with each packed attention
+    kernel (after one warm-up call each): the whole batch at once can pass the memory the update sized itself to."""
     from literl.model import PolicyForward
 
     out: dict[str, float | str] = {}
     T = train.response_ids_BT.shape[1]
+    tokens_B = train.prompt_len_B + train.mask_BT.sum(-1)
+    rows = max(1, int((tokens_B.cumsum(0) <= max_tokens).sum()))
+    tokens_BL, prompt_len_B, mask_BT = train.tokens_BL[:rows], train.prompt_len_B[:rows], train.mask_BT[:rows]
     for kernel in ("varlen", "padded"):
         forward = PolicyForward(model, compute_dtype=compute, packed=kernel)
         try:
             for attempt in range(2):
                 _synchronize(forward.device)
                 start = time.perf_counter()
-                logp, entropy = forward.token_logprobs(train.tokens_BL, train.prompt_len_B, T,
-                                                       mask_BT=train.mask_BT, with_entropy=True)
+                logp, entropy = forward.token_logprobs(tokens_BL, prompt_len_B, T, mask_BT=mask_BT,
+                                                       with_entropy=True)
                 (logp.sum() + entropy.sum()).backward()
                 _synchronize(forward.device)
                 model.zero_grad(set_to_none=True)
@@ -185,8 +193,8 @@ def attention_kernel_seconds(model: torch.nn.Module, train, compute: torch.dtype
 
 
 def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, device: torch.device,
-             attention: str, peak_tflops: float | None, kernels: bool, compile: bool = False,
-             decode: str = "auto", profile_dir: Path | None = None) -> dict:
+             attention: str, peak_tflops: float | None, kernels: bool, compile: str | None = None,
+             decode: str = "auto", profile_dir: Path | None = None, hf: bool = True) -> dict:
     import literl
     from literl.components import build_components
     from literl.model.compiled import compile_seconds
@@ -208,8 +216,8 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
         f"trainer.packed_attention={attention}", "trainer.threads=1" if device.type == "cpu" else "trainer.threads=4",
         f"rollout.decode={decode}",
     ]
-    if compile:
-        overrides += ["trainer.compile=true", "rollout.compile=true"]
+    if compile:     # "all" or "update"
+        overrides += ["trainer.compile=true"] + (["rollout.compile=true"] if compile == "all" else [])
     if "num_experts" in spec:
         overrides.append("algorithm.routing_replay=r3")
     cfg = literl.load_config(preset="grpo", overrides=overrides)
@@ -245,15 +253,17 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
         # Twice: HF's first call in a process pays one-off costs per new shape (on cu13 builds cuDNN's SDPA builds
         # an execution plan for every key length: 28.9 s for the 0.6B body's first call on an H200, 8.3 s for the
         # second); the ratio is taken against the second, warm call, as literl's timed steps are warm too.
-        hf_cold_s, _ = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
-                                   parts.engine.eos_token_ids, parts.engine.pad_id)
-        hf_s, hf_tokens = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
-                                      parts.engine.eos_token_ids, parts.engine.pad_id)
-        kernel_s = (attention_kernel_seconds(model, seen["train"], torch.bfloat16)
+        hf_cold_s = hf_s = hf_tokens = None
+        if hf:
+            hf_cold_s, _ = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
+                                       parts.engine.eos_token_ids, parts.engine.pad_id)
+            hf_s, hf_tokens = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
+                                          parts.engine.eos_token_ids, parts.engine.pad_id)
+        kernel_s = (attention_kernel_seconds(model, seen["train"], torch.bfloat16, parts.policy_forward.max_tokens)
                     if kernels and device.type == "cuda" else None)
         row = {key: statistics.median(r[key] for r in records) for key in records[0]}
         rollout_tok_s = row["generated_tokens"] / row["rollout_s"]
-        hf_tok_s = hf_tokens / hf_s
+        hf_tok_s = hf_tokens / hf_s if hf else None
         tflops = row["update_flops"] / row["update_s"] / 1e12
         return _rounded({
             "model": name, "device": _device_name(device), "params": params, "flop_params": flop_params(model),
@@ -262,10 +272,11 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             "step_s": row["step_s"], "rollout_s": row["rollout_s"], "generated_tokens": row["generated_tokens"],
             "rollout_tok_s": rollout_tok_s, "hf_generate_s": hf_s, "hf_generate_first_call_s": hf_cold_s,
             "hf_tokens": hf_tokens, "hf_tok_s": hf_tok_s,
-            "literl_over_hf": rollout_tok_s / hf_tok_s, "update_s": row["update_s"],
+            "literl_over_hf": rollout_tok_s / hf_tok_s if hf else None, "update_s": row["update_s"],
             "trained_tokens": row["trained_tokens"], "update_tflops": tflops,
             "update_mfu": tflops / peak_tflops if peak_tflops else None,
             "peak_memory_gib": row["peak_memory_gib"], "first_step_s": first_step_s,
+            "compiled": compile,
             "compile_s": sum(compile_seconds().values()) - compiled_before if compile else None,
             "decode": parts.engine.decode_report() if hasattr(parts.engine, "decode_report") else None,
             "micro_batch_tokens": parts.policy_forward.max_tokens,
@@ -305,6 +316,9 @@ def _instrument(parts) -> dict:
 # Which kind of work a kernel (or, without CUDA, an operator) is, by the first pattern its lower-cased name holds.
 KERNEL_KINDS = (
     ("communication", ("nccl", "gloo", "all_reduce", "allreduce", "all_gather", "reduce_scatter")),
+    # torch.compile's generated kernels (triton_poi/per/red_fused_...): element-wise work and reductions fused
+    # across operators (their names also hold "_fused" and the operators', e.g. "to_copy")
+    ("compiled_fused", ("triton_poi", "triton_per", "triton_red")),
     ("attention", ("flash", "attn", "attention", "fmha", "sdpa", "varlen")),
     ("matmul", ("gemm", "cutlass", "sm90_xmma", "nvjet", "aten::mm", "aten::addmm", "aten::bmm", "matmul",
                 "aten::linear")),
@@ -347,11 +361,16 @@ def _profile_one_update(parts, device: torch.device, out_dir: Path, name: str, c
         try:
             out["summary"] = profile_summary(prof.events(), wall_s, cuda=device.type == "cuda")
             sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-            table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=90)
+            averages = prof.key_averages()
+            table = averages.table(sort_by=sort, row_limit=40, max_name_column_width=90)
+            # The host's side too: where the update's wall time goes when the device waits for its launches.
+            host = averages.table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=90)
             out_dir.mkdir(parents=True, exist_ok=True)
             tmp = out_dir / f".{name}_update_ops.txt.tmp"
-            tmp.write_text(f"{name}: one update after the timed steps, {wall_s:.3f} s wall\n{table}\n")
+            tmp.write_text(f"{name}: one update after the timed steps, {wall_s:.3f} s wall\n{table}\n"
+                           f"by host time (operators' totals, children included):\n{host}\n")
             tmp.replace(out_dir / f"{name}_update_ops.txt")
+            prof.export_chrome_trace(str(out_dir / f"{name}_update_trace.json.gz"))   # chrome://tracing, Perfetto
         except Exception as err:        # noqa: BLE001
             out.setdefault("summary", {"error": f"{type(err).__name__}: {err}"[:300], "wall_s": round(wall_s, 4)})
         return result
@@ -424,7 +443,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--no-kernels", action="store_true", help="skip timing each packed attention kernel")
     parser.add_argument("--compile", action="store_true",
                         help="trainer.compile=true rollout.compile=true (compile_s: what torch.compile took)")
+    parser.add_argument("--compile-update", action="store_true",
+                        help="trainer.compile=true alone: the update's packed layers compiled, the rollout eager")
     parser.add_argument("--decode", default="auto", help="rollout.decode for the runs (auto, static, fixed)")
+    parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate (its figures: null)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="profile one more step's update: operator table in DIR, kinds in the row")
     args = parser.parse_args(argv)
@@ -444,8 +466,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"[gpu_step] {name} on {_device_name(device)}...", file=sys.stderr, flush=True)
             row = run_body(name, bodies[name], workload=workload, steps=args.steps, warmup=args.warmup,
                            device=device, attention=args.attention, peak_tflops=peak,
-                           kernels=i == 0 and not args.no_kernels, compile=args.compile, decode=args.decode,
-                           profile_dir=args.profile)
+                           kernels=i == 0 and not args.no_kernels, decode=args.decode,
+                           compile="all" if args.compile else "update" if args.compile_update else None,
+                           profile_dir=args.profile, hf=not args.no_hf)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         rows.append(row)

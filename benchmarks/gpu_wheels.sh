@@ -2,7 +2,7 @@
 # The pure-Python packages literl needs that a bare GPU image (torch, transformers, tokenizers, safetensors, numpy,
 # rich, matplotlib, sympy, pyyaml) lacks, as wheels in .whl/ for a machine that cannot reach a package index.
 # Run here (where PyPI is reachable), in the repository root; on the GPU machine:
-#     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
+#     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 # The versions are those ./run.sh installs (.venv); a GPU image with other versions of them keeps its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."

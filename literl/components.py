@@ -164,9 +164,6 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                                    routing_replay=cfg.algorithm.routing_replay,
                                    router_aux_loss=cfg.algorithm.router_aux_loss_coef > 0, compute_dtype=compute,
                                    packed=cfg.trainer.packed_attention)
-    if cfg.trainer.compile and policy_forward.packed_kernel is not None:
-        console.note("trainer.compile=true: the update's packed route on this device runs eagerly (compiling it is "
-                     "not built yet: docs/speed.md, On a GPU)")
     if cfg.rollout.engine == "vllm":
         from literl.rollout.vllm_engine import engine_from_config
 

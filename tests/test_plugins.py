@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import literl
 from literl.cli import main
 from literl.tricks import ADVANTAGES
 
@@ -36,7 +37,10 @@ def _literl(*args: str, cwd: Path, env_path: Path | None = None) -> subprocess.C
     """`literl ...` as a user runs it: the console script when installed (its sys.path lacks the current folder)."""
     script = Path(sys.executable).parent / "literl"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "literl.cli"]
-    env = {**os.environ, "PYTHONPATH": str(env_path or "")}
+    paths = [str(env_path)] if env_path else []
+    if not script.exists():     # not installed (e.g. a bare GPU image): literl from its checkout, never from `cwd`
+        paths.append(str(Path(literl.__file__).resolve().parents[1]))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -177,12 +177,19 @@ def packed(stream, kernel: str):
                        reference the others are tested against
 
     Under autocast the kernels take its dtype (a custom kernel like varlen's is not autocast by torch)."""
-    run = {"varlen": _varlen, "padded": _padded_rows, "document_mask": _document_mask}[kernel]
-
     def attend(attn, query_MQD, key_MJD, value_MJD):
-        return run(stream, *_in_autocast_dtype(query_MQD, key_MJD, value_MJD), attn.scaling).flatten(1)
+        return _packed_kernel(kernel, stream, *_in_autocast_dtype(query_MQD, key_MJD, value_MJD),
+                              attn.scaling).flatten(1)
 
     return attend
+
+
+@torch.compiler.disable
+def _packed_kernel(kernel: str, stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch.Tensor:
+    # Outside torch.compile's graphs (`packing.compiled_packed_layer`): the kernel is one fused kernel already, and
+    # the stream's row starts and width, read here, would otherwise become guards (a recompile per micro-batch).
+    run = {"varlen": _varlen, "padded": _padded_rows, "document_mask": _document_mask}[kernel]
+    return run(stream, query_MQD, key_MJD, value_MJD, scale)
 
 
 def _in_autocast_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

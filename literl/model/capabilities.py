@@ -364,28 +364,33 @@ def micro_batch_tokens(policy_forward, setting: int | str) -> int:
     device = policy_forward.device
     if device.type != "cuda":
         return CPU_MICRO_BATCH_TOKENS
-    per_token = _activation_bytes_per_token(policy_forward)
+    per_token, fixed = _update_memory(policy_forward)
     free, _ = torch.cuda.mem_get_info(device)
     held = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     trainable = [p for p in policy_forward.model.parameters() if p.requires_grad]
     pending = sum(p.numel() * 4 * 3 for p in trainable) if all(p.grad is None for p in trainable) else 0
-    tokens = tokens_for_memory(free + held - pending, per_token)
-    log.info("literl: trainer.micro_batch_tokens=auto: %d tokens (%.0f KB of activations per token, %.1f GiB free)",
-             tokens, per_token / 1024, (free + held - pending) / 2**30)
+    tokens = tokens_for_memory(free + held - pending - fixed, per_token)
+    log.info("literl: trainer.micro_batch_tokens=auto: %d tokens (%.0f KB of activations per token, %.1f GiB free, "
+             "%.1f GiB for a forward and backward of any size)", tokens, per_token / 1024,
+             (free + held - pending) / 2**30, fixed / 2**30)
     return tokens
 
 
-def _activation_bytes_per_token(policy_forward) -> float:
-    """Peak memory of an update's forward and backward per token (of a no-grad forward, for a frozen model),
-    measured at two sizes on rows of 256 tokens."""
+def _update_memory(policy_forward) -> tuple[float, float]:
+    """(bytes per token, bytes whatever the size) of an update's forward and backward at its peak (of a no-grad
+    forward, for a frozen model): measured at two sizes on rows of 256 tokens, the difference over the difference
+    and what is left at the first size (the compute-dtype copies of the weights autocast keeps during a forward,
+    the head's tiles; less the gradients, which `micro_batch_tokens` counts apart). One unmeasured call at the first
+    size goes first: a first call allocates what later calls reuse (a compiled forward compiles in it), which would
+    count as memory of the first size and make the per-token figure too small. Both were added after the 1.7B body's
+    compiled update ran out of memory on an H100 at the size the plain difference gave (docs/speed.md)."""
     device, model = policy_forward.device, policy_forward.model
     vocab = model.get_output_embeddings().out_features
     params = [p for p in model.parameters() if p.requires_grad]
     peaks, counts = [], []
     generator = torch.Generator().manual_seed(0)
-    for tokens in AUTO_PROBE_TOKENS:
+    for probe, tokens in enumerate((AUTO_PROBE_TOKENS[0], *AUTO_PROBE_TOKENS)):
         rows, width = tokens // 256, 256
-        counts.append(rows * (width - 1))       # a row's stream: its prompt token and all but its last response token
         tokens_BL = torch.randint(vocab, (rows, width), generator=generator)
         prompt_len_B = torch.ones(rows, dtype=torch.long)
         mask_BT = torch.ones(rows, width - 1, dtype=torch.bool)
@@ -399,8 +404,12 @@ def _activation_bytes_per_token(policy_forward) -> float:
                 torch.autograd.grad((logp_BT.sum() + entropy_BT.sum()), params, allow_unused=True)
         del logp_BT, entropy_BT
         torch.cuda.synchronize(device)
-        peaks.append(torch.cuda.max_memory_allocated(device) - base)
-    return (peaks[1] - peaks[0]) / (counts[1] - counts[0])
+        if probe > 0:
+            peaks.append(torch.cuda.max_memory_allocated(device) - base)
+            counts.append(rows * (width - 1))   # a row's stream: its prompt token and all but its last response token
+    per_token = (peaks[1] - peaks[0]) / (counts[1] - counts[0])
+    gradients = sum(p.numel() * p.element_size() for p in params)
+    return per_token, max(0.0, peaks[0] - per_token * counts[0] - gradients)
 
 
 def cluster_micro_batch_tokens(setting: int | str) -> int:

@@ -19,11 +19,13 @@ pass, only the attention sees the rows' boundaries.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from literl.model import attention
+from literl.model.compiled import compile_for_varying_sizes
 from literl.model.kernels import apply_norm, gather_distinct_rows
 from literl.model.layer import decoder_layer, embed_and_rotary, routed_linears
 from literl.model.moe import TokenRoutes
@@ -106,16 +108,41 @@ def pack_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, valid_BT: tor
         cu_R1=cu_R1, rows=len(kept_R), width=width, batch_rows=B, T=T)
 
 
-def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes | None = None) -> torch.Tensor:
+def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes | None = None, *,
+                  compiled: bool = False) -> torch.Tensor:
     """hidden_PH (final norm applied) of the stream positions that predict response tokens: every layer on the
     whole stream, each row attending to itself (`attention.packed` with `kernel`). `routes`: the tokens' MoE
-    routing (`literl.model.moe`), by their batch rows and positions."""
+    routing (`literl.model.moe`), by their batch rows and positions. `compiled=True`: each layer through
+    `compiled_packed_layer` (layers whose MoE routes are given run eagerly)."""
     hidden_MH, cos_1MD, sin_1MD = embed_and_rotary(decoder, packed.ids_M[None], packed.position_M[None])
     hidden_MH, cos_M1D, sin_M1D = hidden_MH[0], cos_1MD[0, :, None], sin_1MD[0, :, None]
-    attend = attention.packed(packed, kernel)
-    for layer, linears in zip(decoder.layers, routed_linears(decoder.layers, routes)):
-        hidden_MH = decoder_layer(layer, hidden_MH, cos_M1D, sin_M1D, attention=attend, linears=linears)
+    if compiled and routes is None:
+        layer_step = compiled_packed_layer()
+        for layer in decoder.layers:
+            hidden_MH = layer_step(layer, hidden_MH, cos_M1D, sin_M1D, packed, kernel)
+    else:
+        attend = attention.packed(packed, kernel)
+        for layer, linears in zip(decoder.layers, routed_linears(decoder.layers, routes)):
+            hidden_MH = decoder_layer(layer, hidden_MH, cos_M1D, sin_M1D, attention=attend, linears=linears)
     return apply_norm(decoder.norm, gather_distinct_rows(hidden_MH, packed.predictor_P))
+
+
+def packed_layer(layer, hidden_MH: torch.Tensor, cos_M1D: torch.Tensor, sin_M1D: torch.Tensor, packed: PackedRows,
+                 kernel: str) -> torch.Tensor:
+    """One layer of `packed_layers` (computed projections)."""
+    return decoder_layer(layer, hidden_MH, cos_M1D, sin_M1D, attention=attention.packed(packed, kernel))
+
+
+@functools.cache
+def compiled_packed_layer():
+    """`packed_layer` through `torch.compile`: inductor fuses the layer's element-wise work (the norms, their
+    float32 casts, rotary, SiLU·up, the residual adds) forward and backward, which eager runs as ~50 separate
+    memory-bound kernels per layer and micro-batch: on an H100 they took 3× the matmuls' device time in the
+    0.6B body's update (docs/speed.md). One graph serves every layer (the layer's weights are graph inputs) and
+    every stream length; the attention kernel itself runs eagerly between the layer's two graphs
+    (`attention.packed`), so the rows' starts and width never become guards. A stream of one token runs eagerly."""
+    return compile_for_varying_sizes(packed_layer, name="a packed layer",
+                                     eager_when=lambda layer, hidden_MH, *rest: hidden_MH.shape[0] < 2)
 
 
 def unpacked(values_P: torch.Tensor, packed: PackedRows) -> torch.Tensor:

@@ -290,7 +290,8 @@ class PolicyForward:
         routes = None if routing is None else routing.at(packed.row_M, packed.position_M,
                                                          torch.ones_like(packed.row_M, dtype=torch.bool))
         with computing_in(self.model, self.compute_dtype):
-            hidden_PH = packed_layers(self.model.get_decoder(), packed, self.packed_kernel, routes)
+            hidden_PH = packed_layers(self.model.get_decoder(), packed, self.packed_kernel, routes,
+                                      compiled=self.compile)
         self._note_agreement(routing)
         head = capabilities(self.model).head
         logp_P, entropy_P = head_logprobs(head, hidden_PH, packed.target_P, self.temperature, with_entropy,

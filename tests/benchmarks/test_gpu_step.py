@@ -69,6 +69,8 @@ def test_kernels_are_sorted_into_kinds_by_name():
     assert gpu_step.kernel_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
     assert gpu_step.kernel_kind("void at::native::unrolled_elementwise_kernel") == "norm_elementwise"
     assert gpu_step.kernel_kind("cudaLaunchKernel") == "other"
+    assert gpu_step.kernel_kind("triton_poi_fused__to_copy_0") == "compiled_fused"         # not "optimizer", "copy"
+    assert gpu_step.kernel_kind("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_3") == "compiled_fused"
 
 
 def test_the_profile_option_writes_the_update_s_operators_and_kinds(tmp_path):

@@ -135,6 +135,65 @@ def test_packed_micro_batches_count_real_tokens():
     assert lengths(train.micro_batches(12, packed=True)) == [[7, 5], [4, 2]]
 
 
+def _other_rows():
+    """Three rows of other lengths than `_rows`' (another stream length, row count and width)."""
+    tokens_BL = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 0], [4, 3, 12, 13, 14, 15, 16, 17], [2, 2, 18, 19, 0, 0, 0, 0]])
+    mask_BT = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    return tokens_BL, torch.tensor([2, 2, 2]), 6, mask_BT
+
+
+def test_compiled_packed_layers_equal_the_eager_ones_with_one_graph_for_every_stream():
+    """`trainer.compile=true` on the packed route (`packing.compiled_packed_layer`): float32 on CPU, log-probs,
+    entropies and every gradient within float32 rounding of the eager packed forward, for two streams of different
+    lengths and widths; the second stream compiles nothing new (the layer's graphs have symbolic sizes, and the
+    attention kernel between them reads the rows' starts and width outside them)."""
+    from torch._dynamo.utils import counters
+
+    model = build_tiny_qwen3(seed=4, num_attention_heads=2, num_key_value_heads=1)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled_graphs = []
+    for rows in (_rows(), _other_rows()):
+        mask_BT = rows[3]
+        eager = _values_and_grads(PolicyForward(model, packed="document_mask"), rows)
+        compiled = _values_and_grads(PolicyForward(model, packed="document_mask", compile=True), rows)
+        for got, expected in zip(compiled[:2], eager[:2]):
+            torch.testing.assert_close(got[mask_BT], expected[mask_BT], rtol=0, atol=2e-5)
+            assert (got[~mask_BT] == 0).all()
+        for name, grad in compiled[2].items():
+            torch.testing.assert_close(grad, eager[2][name], rtol=1e-4, atol=2e-6, msg=name)
+        compiled_graphs.append(counters["stats"]["unique_graphs"])
+    assert compiled_graphs[0] >= 2, "the layer compiled into graphs around the eager attention kernel"
+    assert compiled_graphs[1] == compiled_graphs[0], "the second stream recompiled the layer"
+
+
+@pytest.mark.gpu
+def test_compiled_packed_bf16_update_on_cuda_matches_the_eager_one():
+    """On CUDA with the varlen kernel (or padded, where the probe chose it), bfloat16 over float32 masters: the
+    compiled packed layers give the eager packed forward's log-probs within bfloat16 rounding and gradients of
+    the same direction (cosine > 0.999), for two streams, the second compiling nothing new."""
+    from torch._dynamo.utils import counters
+
+    model = build_tiny_qwen3(seed=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                             hidden_size=256).cuda()
+    kernel = PolicyForward(model, compute_dtype=torch.bfloat16).packed_kernel
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    for rows in (_rows(), _other_rows()):
+        mask = rows[3].cuda()
+        eager = _values_and_grads(PolicyForward(model, packed=kernel, compute_dtype=torch.bfloat16), rows)
+        compiled = _values_and_grads(PolicyForward(model, packed=kernel, compute_dtype=torch.bfloat16,
+                                                   compile=True), rows)
+        torch.testing.assert_close(compiled[0][mask], eager[0][mask], rtol=0, atol=3e-2)
+        for name, grad in compiled[2].items():
+            assert grad.dtype == torch.float32
+            cosine = torch.nn.functional.cosine_similarity(grad.flatten(), eager[2][name].flatten(), dim=0)
+            assert cosine > 0.999, name
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] == graphs[0], "the second stream recompiled the layer"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["varlen", "padded"])
 def test_packed_bf16_log_probs_on_cuda_match_the_float32_forward(kernel):

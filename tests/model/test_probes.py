@@ -131,16 +131,17 @@ def test_micro_batch_tokens_auto_is_the_cpu_figure_off_accelerators_and_sized_fr
 def test_auto_on_cuda_sizes_micro_batches_from_the_memory_left(monkeypatch):
     """The CUDA arithmetic with the device's answers stubbed: 12 GiB free plus 0.5 GiB the allocator holds unused,
     minus 12 bytes per trainable weight not yet holding a gradient and AdamW's two moments (the tiny Qwen3's
-    N = 21,856 weights: 262,272 bytes), at 64 KiB of activations per token: 0.8 · (13,421,772,800 − 262,272) /
-    65,536 = 163,836.8 tokens, rounded down to a multiple of 1024: 162,816."""
+    N = 21,856 weights: 262,272 bytes), minus the 1 GiB a forward and backward of any size takes, at 64 KiB of
+    activations per token: 0.8 · (13,421,772,800 − 262,272 − 1,073,741,824) / 65,536 = 150,729.6 tokens, rounded
+    down to a multiple of 1024: 150,528."""
     from types import SimpleNamespace
 
     model = build_tiny_qwen3()
     n = sum(p.numel() for p in model.parameters())
     forward = SimpleNamespace(device=torch.device("cuda"), model=model)
-    monkeypatch.setattr(caps_module, "_activation_bytes_per_token", lambda policy_forward: 2.0**16)
+    monkeypatch.setattr(caps_module, "_update_memory", lambda policy_forward: (2.0**16, 2.0**30))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (12 * 2**30, 80 * 2**30))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 3 * 2**30)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 2.5 * 2**30)
-    expected = int((12.5 * 2**30 - 12 * n) * 0.8 / 2**16) // 1024 * 1024
-    assert n == 21856 and micro_batch_tokens(forward, "auto") == expected == 162816
+    expected = int((12.5 * 2**30 - 12 * n - 2**30) * 0.8 / 2**16) // 1024 * 1024
+    assert n == 21856 and micro_batch_tokens(forward, "auto") == expected == 150528
