@@ -57,7 +57,8 @@ class ModelConfig:
                                 "Qwen3-MoE, 8 experts, 2 per token, warmed up like base) | long, long_aligned (base "
                                 "taught the long tier's 1-12 operation chains; aligned: then clean solutions) | "
                                 "aligned_varied (aligned taught solutions in randomly chosen equivalent forms: many "
-                                "tokens with valid alternatives) | moe_flat (moe with router margins shrunk, so "
+                                "tokens with valid alternatives) | varied, varied_aligned (base and aligned taught "
+                                "those forms from the start) | moe_flat (moe with router margins shrunk, so "
                                 "routes drift under updates): docs/testbed.md")
     testbed_prebuilt: bool = knob(True, "on the testbed's first use, install the weights shipped with literl for "
                                         "its recipe (base) instead of building them (~5 min on 2 cores); false "

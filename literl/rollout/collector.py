@@ -20,7 +20,8 @@ from literl.ops import group_mean_std
 from literl.rollout.generator import Generator, SamplingParams
 
 
-MAX_TIERS = 12      # a per-tier curve only makes sense for a few categories
+MAX_TIERS = 12          # a per-tier curve only makes sense for a few categories
+SMALL_GROUP_STD = 0.1  # a group reward std below this (and above 0) counts in groups/small_std_frac
 
 
 def difficulty_label(problem: dict) -> str:
@@ -317,6 +318,10 @@ class Collector:
             "response_length/max": float(lengths.max()), **_length_spread(lengths, correct),
             "truncation_rate": float(truncated.mean()),
             "groups/zero_std_frac": float((std_reward[first] == 0).float().mean()),
+            # Groups a std normalisation amplifies more than 10x (graded rewards; binary ones at G = 8 have
+            # std >= 0.33 unless 0): algorithms.md §1.1, finding_c.
+            "groups/small_std_frac": float(((std_reward[first] > 0) & (std_reward[first] < SMALL_GROUP_STD)
+                                            ).float().mean()),
             "groups/reward_std_mean": float(std_reward[first].mean()),
             "groups/all_correct_frac": float((mean_c[first] == 1).float().mean()),
             "groups/all_wrong_frac": float((mean_c[first] == 0).float().mean()),

@@ -22,6 +22,9 @@ variant with one more SFT phase, so each costs a short phase on top of a cached 
                   model's phrasing choices (the LitePPO paper's aligned Qwen3 put only ~50% of tokens at p ≥ 0.99,
                   its base models ~90%; `aligned` puts 96% there), so that clipping acts on low-probability tokens
                   with positive advantages
+    varied        base taught from its first step on solutions in the varied forms (same steps, rates and gate)
+    varied_aligned varied + SFT on clean solutions in the varied forms: an aligned policy with many acceptable
+                  tokens (aligned_varied's phase over `aligned` lost the arithmetic)
     moe_flat      moe with its router weights scaled by 1/64 and then held fixed through a short SFT that lets the
                   experts adapt: the same routes with 64x smaller margins between the 2nd and 3rd expert, so that
                   the router's own updates move routes between θ_old and θ (the MiniRL study's off-policy setting)
@@ -191,6 +194,19 @@ ALIGNED_VARIED = dataclasses.replace(
     ALIGNED, variant="aligned_varied", parent=ALIGNED, num_threads=1,
     alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.0, warmup_steps=20, style="varied"),
 )
+# The forms from the first step: aligned_varied relearned its format over a cached policy and lost its arithmetic
+# (11.6% held-out sampled), so here the base recipe itself is taught the varied forms (the same steps, rates and
+# gate), and the aligned phase on top of it keeps them.
+VARIED = dataclasses.replace(
+    BASE, variant="varied",
+    warmup=SFTPhase(steps=1500, lr=2e-3, slip_rate=0.2, style="varied"),
+    gate=AccuracyGate(low=0.30, high=0.62,
+                      extension=SFTPhase(steps=300, lr=5e-4, slip_rate=0.2, warmup_steps=20, style="varied")),
+)
+VARIED_ALIGNED = dataclasses.replace(
+    VARIED, variant="varied_aligned", parent=VARIED,
+    alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.0, warmup_steps=20, style="varied"),
+)
 MOE_FLAT = dataclasses.replace(
     # 1/64: scaling the router shrinks the margins and the logit changes that hidden-state updates cause alike, so
     # only the router's own updates (Adam: ~lr per weight, whatever the scale) flip more routes; at 1/8 the last
@@ -200,7 +216,7 @@ MOE_FLAT = dataclasses.replace(
 )
 
 VARIANTS: dict[str, TestbedRecipe] = {r.variant: r for r in (BASE, ALIGNED, MICRO, MOE, LONG, LONG_ALIGNED,
-                                                              ALIGNED_VARIED, MOE_FLAT)}
+                                                              ALIGNED_VARIED, VARIED, VARIED_ALIGNED, MOE_FLAT)}
 
 
 def recipe_for(variant: str) -> TestbedRecipe:

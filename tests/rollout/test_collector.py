@@ -83,3 +83,20 @@ def test_per_token_extras_of_several_rounds_are_padded_to_the_widest_round():
         assert torch.equal(routes[i, :own.shape[0]], own) and (routes[i, own.shape[0]:] == -1).all()
         width = rounds[r].generation.mask_BT.shape[1]
         assert (scores[i, :width] == r + 1).all() and (scores[i, width:] == 0).all()
+
+
+def test_group_metrics_count_zero_and_small_reward_std_apart():
+    """Groups of two with rewards (1.0, 1.0): std 0; (1.0, 1.02): unbiased std 0.02/√2 = 0.0141; (0.95, 1.0): 0.0354;
+    (1.0, 0.0): 0.707. groups/zero_std_frac = 1/4; groups/small_std_frac (0 < std < 0.1, the groups a std
+    normalisation amplifies more than 10×) = 2/4; binary rewards alone never reach it at 0 < std."""
+    import dataclasses
+
+    collector = Collector(engine=None, problems=[{}] * 8, prompt_ids=None, decode=None, rewards=None,
+                          objective=None, sampling=SamplingParams(), prompts_per_step=4, group_size=2,
+                          max_rounds=1, stream=None, pad_id=PAD)
+    rnd = _round([[5]] * 8, [2] * 8, width=3, keep=[True] * 8, first_group=0, seed=0)
+    rnd = dataclasses.replace(rnd, rewards_B=torch.tensor([1.0, 1.0, 1.0, 1.02, 0.95, 1.0, 1.0, 0.0]),
+                              seconds={"generate": 0.0, "reward": 0.0})
+    metrics = collector._metrics([rnd], collector._assemble([rnd]))
+    assert metrics["groups/zero_std_frac"] == 0.25
+    assert metrics["groups/small_std_frac"] == 0.5
