@@ -338,9 +338,11 @@ def _packed_matches(model: torch.nn.Module, kernel: str, dtype: torch.dtype | No
 # What trainer.micro_batch_tokens=auto is off accelerators: the CPU figure the setting had before it could be auto.
 CPU_MICRO_BATCH_TOKENS = 16384
 # On an accelerator, `auto` measures the update's activation memory per token (a packed forward and backward at
-# two sizes, the difference over the difference) and takes this share of the memory left (free now, plus what the
-# allocator holds unused, minus the gradients and AdamW moments not yet allocated): the rest absorbs fragmentation
-# and the head's tiles. Not measured on a GPU yet (docs/speed.md).
+# two sizes, the difference over the difference, `_update_memory`) and takes this share of the memory left (free
+# now, plus what the allocator holds unused, minus the gradients and AdamW moments not yet allocated, minus what a
+# forward and backward takes whatever its size): the rest absorbs fragmentation. On an H100 the eager update ran
+# at the sizes it gave (peaks 64 and 74 of 79 GiB); the compiled 1.7B body's did not, before the size-independent
+# part was subtracted, which is not re-measured yet (docs/speed.md, "Figures on an H100").
 AUTO_MEMORY_SHARE = 0.8
 AUTO_PROBE_TOKENS = (1024, 3072)
 AUTO_TOKEN_LIMITS = (1024, 262144)
