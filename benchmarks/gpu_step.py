@@ -37,10 +37,12 @@ Per body, after `--warmup` untimed steps (probes, `trainer.micro_batch_tokens=au
     decode                     the engine's `decode_report()`: route, compile seconds by function, the CUDA graphs
                                captured (bucket, width) and their capture seconds, a capture failure if any
 For the first body it also times one forward + backward of the last update's first rows (a micro-batch's worth)
-with each packed attention kernel (`attention_kernel_s`), what `literl.model.capabilities.PACKED_ROUTE`'s order should be measured by.
+with each packed attention kernel (`attention_kernel_s`), what `literl.model.capabilities.PACKED_ROUTE`'s order
+should be measured by.
 
 With `--profile DIR` one more step's update runs under `torch.profiler` after the timed steps (what the update's
-MFU is lost to): DIR/<body>_update_ops.txt holds the top operators by device time (CPU time without CUDA), and the
+MFU is lost to): DIR/<body>_update_ops.txt holds the top operators by device time (CPU time without CUDA) and by
+host time, DIR/<body>_update_trace.json.gz the timeline (chrome://tracing, Perfetto), and the
 row gains `update_profile`: the device seconds by kind of kernel (matmul, attention, norm/elementwise, compiled
 fused kernels, optimizer, copies, communication, other), the kernels launched, the host synchronisations
 (cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpy without Async) and the share of the update's wall time

@@ -4,10 +4,10 @@
 
 Beside the correctness check with a small weight (`reward.fns=[{fn: ...math_accuracy}, {fn:
 literl.rewards.length:brevity, weight: 0.1}]`), it prefers the shorter of two equally correct responses, as
-length-aware rewards do (Kimi k1.5's length reward, arXiv 2501.12599 §2.3.3). It also makes the reward graded:
+length-aware rewards do (e.g. Kimi k1.5's length penalty, arXiv 2501.12599). It also makes the reward graded:
 a group whose members are all correct no longer has a reward std of exactly 0 but one of its length spread
 times the weight (`groups/small_std_frac`), which is what a group-std normalisation divides by (algorithms.md §1.1;
-the regime of `finding_c`'s graded scenario, docs/testbed.md).
+the regime of `finding_c`, docs/testbed.md).
 """
 
 from __future__ import annotations

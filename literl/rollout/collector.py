@@ -21,7 +21,7 @@ from literl.rollout.generator import Generator, SamplingParams
 
 
 MAX_TIERS = 12          # a per-tier curve only makes sense for a few categories
-SMALL_GROUP_STD = 0.1  # a group reward std below this (and above 0) counts in groups/small_std_frac
+SMALL_GROUP_STD = 0.1   # a group reward std below this (and above 0) counts in groups/small_std_frac
 
 
 def difficulty_label(problem: dict) -> str:
