@@ -57,6 +57,13 @@ def test_the_tiny_mode_prints_one_line_per_body(capsys):
     assert len(capsys.readouterr().out.strip().splitlines()) == 3
 
 
+def test_small_figures_keep_their_significant_digits():
+    """0.00004321 TFLOP/s would round to 0.0 at 4 decimals: it keeps 4 significant digits; larger figures keep 4
+    decimals (2.46238 → 2.4624), ints and None pass through."""
+    assert gpu_step._rounded({"a": 0.00004321, "b": 2.46238, "c": 7, "d": None, "e": 0.0}) == {
+        "a": 4.321e-05, "b": 2.4624, "c": 7, "d": None, "e": 0.0}
+
+
 def test_kernels_are_sorted_into_kinds_by_name():
     """The names of an H100 profile's kernels and of CPU operators land in the kind the MFU analysis needs."""
     assert gpu_step.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
