@@ -104,6 +104,28 @@ def test_response_lengths_are_drawn_and_tabled_per_variant(tmp_path):
     assert "data-panels='3'" in part and "length, 10th percentile: constant 20" in part
 
 
+def group_std(variant, seed, step):
+    """sequence: zero-std groups 0.1·step, small-std ones 0.5 (seed 1: 0.6), mean std 0.2; token: zero 0.0,
+    small 0.4, mean std 0.3."""
+    if variant == "sequence":
+        return {"groups/zero_std_frac": 0.1 * step, "groups/small_std_frac": 0.5 + 0.1 * seed,
+                "groups/reward_std_mean": 0.2}
+    return {"groups/zero_std_frac": 0.0, "groups/small_std_frac": 0.4, "groups/reward_std_mean": 0.3}
+
+
+def test_zero_and_small_group_std_are_tabled_per_variant(tmp_path):
+    """The reward-std section tables each run's mean over steps: sequence's zero-std share (0.1 + ... + 0.4) / 4
+    = 0.25 on both seeds, small-std 0.5 and 0.6 by seed; token's 0, 0.4, mean std 0.3."""
+    make_runs(tmp_path, group_std)
+    ablation.summarize_ablation(tmp_path)
+    part = section((tmp_path / "report.html").read_text(), "Reward std within groups, by difficulty tier")
+    header = part.split("<tr>")[1]
+    assert [h.split("</code>")[0] for h in header.split("<code>")[1:]] == [
+        "groups/zero_std_frac", "groups/small_std_frac", "groups/reward_std_mean"]
+    assert table_cells(part, "sequence") == ["2", "0.25 [0.25, 0.25]", "0.55 [0.5, 0.6]", "0.2 [0.2, 0.2]"]
+    assert table_cells(part, "token") == ["2", "0 [0, 0]", "0.4 [0.4, 0.4]", "0.3 [0.3, 0.3]"]
+
+
 def drift(variant, seed, step):
     """Route agreement per mini-batch k (0, 1, 2 and 10: the order must be numeric) 1 − 0.01·k (sequence) or
     1 − 0.02·k (token); staleness KL 0.001·k·step; IS tails: largest weight 2 + step, 5%·step truncated."""
