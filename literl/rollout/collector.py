@@ -310,6 +310,7 @@ class Collector:
         first = torch.ones_like(group, dtype=torch.bool)
         first[1:] = group[1:] != group[:-1]   # one row per group (groups are contiguous within a round)
         n_groups = int(first.sum())
+        group_std = std_reward[first]
         metrics = {
             "accuracy": float(correct.float().mean()),
             "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
@@ -317,12 +318,11 @@ class Collector:
             "response_length/mean": float(lengths.mean()), "response_length/min": float(lengths.min()),
             "response_length/max": float(lengths.max()), **_length_spread(lengths, correct),
             "truncation_rate": float(truncated.mean()),
-            "groups/zero_std_frac": float((std_reward[first] == 0).float().mean()),
+            "groups/zero_std_frac": float((group_std == 0).float().mean()),
             # Groups a std normalisation amplifies more than 10x (graded rewards; binary ones at G = 8 have
             # std >= 0.33 unless 0): algorithms.md §1.1, finding_c.
-            "groups/small_std_frac": float(((std_reward[first] > 0) & (std_reward[first] < SMALL_GROUP_STD)
-                                            ).float().mean()),
-            "groups/reward_std_mean": float(std_reward[first].mean()),
+            "groups/small_std_frac": float(((group_std > 0) & (group_std < SMALL_GROUP_STD)).float().mean()),
+            "groups/reward_std_mean": float(group_std.mean()),
             "groups/all_correct_frac": float((mean_c[first] == 1).float().mean()),
             "groups/all_wrong_frac": float((mean_c[first] == 0).float().mean()),
             "collect/rounds": float(len(rounds)),
