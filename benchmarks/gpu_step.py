@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import resource
 import statistics
 import sys
@@ -284,6 +285,10 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             "micro_batch_tokens": parts.policy_forward.max_tokens,
             "packed_attention": parts.policy_forward.packed_kernel, "attention_kernel_s": kernel_s,
             "update_profile": profiled.get("summary"),
+            # Each timed step's own figures (steps differ in their tokens): the spread behind the medians.
+            "update_s_steps": [round(r["update_s"], 4) for r in records],
+            "update_mfu_steps": ([round(r["update_flops"] / r["update_s"] / 1e12 / peak_tflops, 4) for r in records]
+                                 if peak_tflops else None),
         })
     finally:
         parts.log.close()
@@ -458,6 +463,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="profile one more step's update: operator table in DIR, kinds in the row")
     args = parser.parse_args(argv)
+    # literl's own sizing and back-off decisions (the micro-batch size `auto` chose, a retried step) on stderr.
+    for logger in ("literl.model.capabilities", "literl.training.learner"):
+        logging.getLogger(logger).setLevel(logging.INFO)
+        if not logging.getLogger(logger).handlers:
+            logging.getLogger(logger).addHandler(logging.StreamHandler(sys.stderr))
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     tiny = args.tiny or device.type == "cpu"
     peak = args.peak_tflops or (H100_BF16_TFLOPS if device.type == "cuda" else None)

@@ -48,6 +48,18 @@ class MetricAccumulator:
         self._loss: dict[str, Ratio] = {}        # loss/* over closed mini-batches: (Σ mini-batch sums, count)
         self._pending: list[tuple[dict[str, Any], float]] = []    # added with values on an accelerator, in order
 
+    def snapshot(self) -> tuple:
+        """What has been added so far, for `restore` (an optimizer step retried from its start adds its
+        micro-batches again). Values are replaced, never changed in place, so copies of the containers suffice."""
+        return (dict(self._mean), dict(self._pooled), dict(self._extreme), dict(self._minibatch_sum),
+                dict(self._loss), list(self._pending))
+
+    def restore(self, snapshot: tuple) -> None:
+        """Back to what `snapshot` saw: everything added since is dropped."""
+        mean, pooled, extreme, minibatch_sum, loss, pending = snapshot
+        self._mean, self._pooled, self._extreme = dict(mean), dict(pooled), dict(extreme)
+        self._minibatch_sum, self._loss, self._pending = dict(minibatch_sum), dict(loss), list(pending)
+
     def add(self, metrics: dict[str, Any], weight: float = 1.0) -> None:
         """Add one micro-batch's metrics; `weight` (its loss-token count) only weighs the plain means."""
         if self._pending or any(_on_accelerator(value) for value in metrics.values()):

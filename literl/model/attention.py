@@ -201,11 +201,34 @@ def _in_autocast_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _varlen(stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch.Tensor:
+    options = varlen_options(scale, query_MQD.shape[-1], grouped=query_MQD.shape[1] != key_MJD.shape[1])
+    return varlen_kernel(query_MQD, key_MJD, value_MJD, stream.cu_R1, stream.width, options)
+
+
+def varlen_kernel(query_MQD, key_MJD, value_MJD, cu_R1: torch.Tensor, width: int, options: dict) -> torch.Tensor:
+    """`torch.nn.attention.varlen.varlen_attn`, causal over each row (cu_R1: the rows' starts, `width`: the longest
+    row), with `varlen_options`' keywords."""
     from torch.nn.attention.varlen import varlen_attn
 
-    options = _varlen_options(scale, query_MQD.shape[-1], grouped=query_MQD.shape[1] != key_MJD.shape[1])
-    return varlen_attn(query_MQD, key_MJD, value_MJD, stream.cu_R1, stream.cu_R1, stream.width, stream.width,
-                       **options)
+    return varlen_attn(query_MQD, key_MJD, value_MJD, cu_R1, cu_R1, width, width, **options)
+
+
+def varlen_in_graph(cu_R1: torch.Tensor, width: int, options: dict):
+    """`packed` with the varlen kernel, for a layer compiled whole (`packing.compiled_varlen_layer`): varlen_attn is
+    a custom operator with a fake kernel, so torch.compile traces it as one node of the layer's graph, the rows'
+    starts a tensor input and the width a symbolic int; a layer is then one graph forward and one backward, not
+    two graphs with an eager kernel between them (on an H100 the host's cost per layer call was what the GPU
+    waited for: docs/speed.md)."""
+    def attend(attn, query_MQD, key_MJD, value_MJD):
+        return varlen_kernel(*_in_autocast_dtype(query_MQD, key_MJD, value_MJD), cu_R1, width, options).flatten(1)
+
+    return attend
+
+
+def varlen_options_of(attn: torch.nn.Module) -> dict:
+    """`varlen_options` for a model's attention module (its scale, head size, and whether heads are grouped)."""
+    grouped = getattr(attn, "num_key_value_groups", 1) != 1
+    return varlen_options(attn.scaling, attn.head_dim, grouped)
 
 
 @functools.cache
@@ -215,7 +238,7 @@ def _varlen_parameters() -> frozenset[str]:
     return frozenset(inspect.signature(varlen_attn).parameters)
 
 
-def _varlen_options(scale: float, head_dim: int, grouped: bool) -> dict:
+def varlen_options(scale: float, head_dim: int, grouped: bool) -> dict:
     """varlen_attn's keywords for causal attention at `scale`, by what this torch's signature takes: torch 2.9
     had `is_causal`, later releases `window_size=(-1, 0)` and `scale`, 2.12 `enable_gqa` (the flash kernel under
     it takes fewer key/value heads than query heads either way; the capability probe checks the numbers)."""

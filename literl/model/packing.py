@@ -27,7 +27,7 @@ import torch
 from literl.model import attention
 from literl.model.compiled import compile_for_varying_sizes
 from literl.model.kernels import apply_norm, gather_distinct_rows
-from literl.model.layer import decoder_layer, embed_and_rotary, routed_linears
+from literl.model.layer import decoder_layer, routed_linears
 from literl.model.moe import TokenRoutes
 
 _INDEX_FIELDS = ("ids_M", "position_M", "row_M", "slot_M", "predictor_P", "target_P", "flat_P", "cu_R1")
@@ -113,10 +113,18 @@ def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes 
     """hidden_PH (final norm applied) of the stream positions that predict response tokens: every layer on the
     whole stream, each row attending to itself (`attention.packed` with `kernel`). `routes`: the tokens' MoE
     routing (`literl.model.moe`), by their batch rows and positions. `compiled=True`: each layer through
-    `compiled_packed_layer` (layers whose MoE routes are given run eagerly)."""
-    hidden_MH, cos_1MD, sin_1MD = embed_and_rotary(decoder, packed.ids_M[None], packed.position_M[None])
-    hidden_MH, cos_M1D, sin_M1D = hidden_MH[0], cos_1MD[0, :, None], sin_1MD[0, :, None]
-    if compiled and routes is None:
+    `compiled_varlen_layer` (the varlen kernel) or `compiled_packed_layer` (the others); layers whose MoE routes
+    are given run eagerly."""
+    # The embedding of the flat ids, not a view of a [1, M, H] one: a compiled layer would guard on its input's
+    # base, which the first layer's input has and the next ones' do not (a recompile for the second layer).
+    hidden_MH = decoder.embed_tokens(packed.ids_M)
+    cos_1MD, sin_1MD = decoder.rotary_emb(hidden_MH[None], packed.position_M[None])
+    cos_M1D, sin_M1D = cos_1MD[0, :, None], sin_1MD[0, :, None]
+    if compiled and routes is None and kernel == "varlen":
+        layer_step, options = compiled_varlen_layer(), attention.varlen_options_of(decoder.layers[0].self_attn)
+        for layer in decoder.layers:
+            hidden_MH = layer_step(layer, hidden_MH, cos_M1D, sin_M1D, packed.cu_R1, packed.width, options)
+    elif compiled and routes is None:
         layer_step = compiled_packed_layer()
         for layer in decoder.layers:
             hidden_MH = layer_step(layer, hidden_MH, cos_M1D, sin_M1D, packed, kernel)
@@ -143,6 +151,23 @@ def compiled_packed_layer():
     (`attention.packed`), so the rows' starts and width never become guards. A stream of one token runs eagerly."""
     return compile_for_varying_sizes(packed_layer, name="a packed layer",
                                      eager_when=lambda layer, hidden_MH, *rest: hidden_MH.shape[0] < 2)
+
+
+def varlen_layer(layer, hidden_MH: torch.Tensor, cos_M1D: torch.Tensor, sin_M1D: torch.Tensor, cu_R1: torch.Tensor,
+                 width: int, options: dict) -> torch.Tensor:
+    """One layer of `packed_layers` with the varlen kernel, traced whole (`attention.varlen_in_graph`)."""
+    return decoder_layer(layer, hidden_MH, cos_M1D, sin_M1D, attention=attention.varlen_in_graph(cu_R1, width, options))
+
+
+@functools.cache
+def compiled_varlen_layer():
+    """`varlen_layer` through `torch.compile`: the layer and its attention in one graph forward and one backward
+    (`compiled_packed_layer` calls two graphs and an eager kernel per layer, whose host cost the GPU waited for
+    in the 0.6B body's update: docs/speed.md). One graph serves every layer, stream length and width (the width
+    is a symbolic int: no recompile per micro-batch); a stream of one token or rows of one token run eagerly."""
+    return compile_for_varying_sizes(varlen_layer, name="a packed layer (varlen in the graph)",
+                                     eager_when=lambda layer, hidden_MH, cos, sin, cu_R1, width, options:
+                                     hidden_MH.shape[0] < 2 or width < 2)
 
 
 def unpacked(values_P: torch.Tensor, packed: PackedRows) -> torch.Tensor:

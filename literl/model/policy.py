@@ -103,6 +103,10 @@ class PolicyForward:
             self._max_tokens = micro_batch_tokens(self, "auto")
         return self._max_tokens
 
+    def lower_max_tokens(self, tokens: int) -> None:
+        """Tokens per forward from now on: the update's budget after a micro-batch ran out of memory."""
+        self._max_tokens = int(tokens)
+
     @property
     def packed_kernel(self) -> str | None:
         """The attention kernel when this forward packs rows into one token stream, else None."""

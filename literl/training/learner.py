@@ -20,6 +20,7 @@ single-process layout, so a checkpoint of one kind of learner resumes in the oth
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Callable, NamedTuple, Protocol
 
@@ -28,6 +29,11 @@ import torch
 from literl.batch import RolloutBatch, TrainBatch
 from literl.metric_reduction import MetricAccumulator
 from literl.ops import masked_max, masked_mean
+
+log = logging.getLogger(__name__)
+# trainer.micro_batch_tokens=auto after a micro-batch ran out of memory: this share of the size that failed, in
+# multiples of 1024 tokens, down to the smallest size `auto` gives (`capabilities.AUTO_TOKEN_LIMITS`).
+OOM_BACKOFF = 0.75
 
 Observe = Callable[[TrainBatch, dict], None]     # (micro-batch, its per-token maps) → None: mechanism diagnostics
 
@@ -148,20 +154,29 @@ class InProcessLearner:
         """N optimizer steps; each accumulates its micro-batches' exact shares of the step loss. Micro-batches hold
         at most `micro_batch_tokens` padded tokens, or real tokens where the policy forward packs rows (no padding
         is computed there). Nothing in the micro-batch loop reads a device value: the loss, the metrics and the
-        token maps `observe` looks at are read once the step's micro-batches are done."""
+        token maps `observe` looks at are read once the step's micro-batches are done. With
+        `micro_batch_tokens="auto"`, an optimizer step whose micro-batch runs out of accelerator memory starts again
+        with smaller micro-batches (`_smaller_budget`), which the rest of the run keeps."""
         acc = MetricAccumulator()
         self._policy.train()
         forward = lambda micro: self.policy_forward.logprobs(micro, with_entropy=True)  # noqa: E731
         budget = self.micro_batch_tokens if self.micro_batch_tokens != "auto" else self.policy_forward.max_tokens
         packed = self.policy_forward.packed_kernel is not None
         for k, minibatch in enumerate(train.minibatches()):
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_tokens, step_loss, observed = 0, 0.0, []
-            for micro in self.objective.micro_batches(minibatch, budget, packed=packed):
-                token_maps, loss = micro_step(forward, self.objective, micro, self.device, acc, k)
-                loss_tokens += int(micro.loss_mask_BT.sum())
-                step_loss = step_loss + loss       # on the device: one sync per step
-                observed.append((micro, token_maps))
+            while True:
+                before = acc.snapshot()
+                self.optimizer.zero_grad(set_to_none=True)
+                try:
+                    loss_tokens, step_loss, observed = self._accumulate(forward, minibatch, budget, packed, acc, k)
+                    break
+                except torch.OutOfMemoryError as err:
+                    smaller = self._smaller_budget(budget, err)
+                # Out of the handler, so the failed micro-batch's tensors are gone with the exception: the optimizer
+                # step starts again from its first micro-batch (its gradient is their sum whatever their size).
+                acc.restore(before)
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                budget = smaller
             if observe is not None:
                 with phase("observe"):
                     for micro, token_maps in observed:
@@ -183,6 +198,39 @@ class InProcessLearner:
         self._policy.eval()     # sampling and log-prob passes run without dropout
         with phase("metrics"):
             return acc.result()
+
+    def _accumulate(self, forward, minibatch: TrainBatch, budget: int, packed: bool, acc: MetricAccumulator,
+                    k: int) -> tuple[int, torch.Tensor | float, list]:
+        """One optimizer step's micro-batches, forward and backward: (loss tokens, the step's loss on the device,
+        each micro-batch with its token maps)."""
+        loss_tokens, step_loss, observed = 0, 0.0, []
+        for micro in self.objective.micro_batches(minibatch, budget, packed=packed):
+            token_maps, loss = micro_step(forward, self.objective, micro, self.device, acc, k)
+            loss_tokens += int(micro.loss_mask_BT.sum())
+            step_loss = step_loss + loss       # on the device: one sync per step
+            observed.append((micro, token_maps))
+        return loss_tokens, step_loss, observed
+
+    def _smaller_budget(self, budget: int, err: Exception) -> int:
+        """The micro-batch size after one of `budget` tokens ran out of memory: with trainer.micro_batch_tokens=auto
+        OOM_BACKOFF of it, kept for the rest of the run; a size the user set, or the smallest, raises with the fix."""
+        from literl.model.capabilities import AUTO_TOKEN_LIMITS
+
+        smallest = AUTO_TOKEN_LIMITS[0]
+        if self.micro_batch_tokens != "auto" or budget <= smallest:
+            setting = self.micro_batch_tokens
+            raise torch.OutOfMemoryError(
+                f"a micro-batch of at most {budget} tokens ran out of accelerator memory "
+                f"(trainer.micro_batch_tokens={setting}): set trainer.micro_batch_tokens lower"
+                + (", or to auto (sized from the free memory, and smaller after an out-of-memory error)"
+                   if setting != "auto" else ", use a smaller model or rollout batch, or free the accelerator")
+                + f". {err}") from err
+        smaller = max(smallest, int(budget * OOM_BACKOFF) // 1024 * 1024)
+        log.warning("literl: trainer.micro_batch_tokens=auto: a micro-batch of at most %d tokens ran out of "
+                    "accelerator memory; this optimizer step starts again at %d tokens, and the rest of the run "
+                    "keeps that size", budget, smaller)
+        self.policy_forward.lower_max_tokens(smaller)
+        return smaller
 
     def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         return self.policy_forward.batch_logprobs(batch)

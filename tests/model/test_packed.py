@@ -167,6 +167,103 @@ def test_compiled_packed_layers_equal_the_eager_ones_with_one_graph_for_every_st
     assert compiled_graphs[1] == compiled_graphs[0], "the second stream recompiled the layer"
 
 
+# A CPU stand-in for torch's varlen_attn operator, built the same way (a custom operator with a fake kernel and a
+# backward operator of its own), so that the compiled varlen layer's graph structure is tested where CI runs: causal
+# attention within each row through SDPA with a same-row mask (the `document_mask` kernel's arithmetic), its
+# backward written out.
+@torch.library.custom_op("literl_test::varlen_attention", mutates_args=())
+def _stand_in_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_R1: torch.Tensor, width: int,
+                     scale: float) -> torch.Tensor:
+    return _row_causal_attention(query, key, value, cu_R1, scale)
+
+
+@_stand_in_varlen.register_fake
+def _(query, key, value, cu_R1, width, scale):
+    return torch.empty_like(query)
+
+
+@torch.library.custom_op("literl_test::varlen_attention_backward", mutates_args=())
+def _stand_in_varlen_backward(grad: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                              cu_R1: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # By hand (an operator's kernel runs below autograd): O = P·V, P = softmax(S), S = scale·Q·Kᵀ (masked), so
+    # dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O)), dQ = scale·dS·K, dK = scale·dSᵀ·Q; grouped heads summed.
+    groups = query.shape[1] // key.shape[1]
+    q, k, v, d_out = (x.transpose(0, 1).float() for x in (query, key.repeat_interleave(groups, 1),
+                                                          value.repeat_interleave(groups, 1), grad))
+    probs = torch.softmax((scale * q @ k.transpose(1, 2)).masked_fill(~_allowed(cu_R1, q.shape[1]), -torch.inf), -1)
+    out = probs @ v
+    d_scores = probs * (d_out @ v.transpose(1, 2) - (d_out * out).sum(-1, keepdim=True))
+    d_query, d_key, d_value = scale * d_scores @ k, scale * d_scores.transpose(1, 2) @ q, probs.transpose(1, 2) @ d_out
+    d_key, d_value = (x.unflatten(0, (key.shape[1], groups)).sum(1) for x in (d_key, d_value))
+    return tuple(x.transpose(0, 1).to(y.dtype).contiguous() for x, y in zip((d_query, d_key, d_value),
+                                                                             (query, key, value)))
+
+
+@_stand_in_varlen_backward.register_fake
+def _(grad, query, key, value, cu_R1, scale):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _stand_in_setup(ctx, inputs, output):
+    query, key, value, cu_R1, width, scale = inputs
+    ctx.save_for_backward(query, key, value, cu_R1)
+    ctx.scale = scale
+
+
+def _stand_in_grad(ctx, grad):
+    query, key, value, cu_R1 = ctx.saved_tensors
+    return (*_stand_in_varlen_backward(grad, query, key, value, cu_R1, ctx.scale), None, None, None)
+
+
+_stand_in_varlen.register_autograd(_stand_in_grad, setup_context=_stand_in_setup)
+
+
+def _allowed(cu_R1, M):
+    row_M = torch.repeat_interleave(torch.arange(len(cu_R1) - 1), (cu_R1[1:] - cu_R1[:-1]).long())
+    return torch.ones(M, M, dtype=torch.bool).tril() & (row_M[:, None] == row_M[None, :])
+
+
+def _row_causal_attention(query_MQD, key_MJD, value_MJD, cu_R1, scale):
+    out_1QMD = torch.nn.functional.scaled_dot_product_attention(
+        query_MQD.transpose(0, 1)[None], key_MJD.transpose(0, 1)[None], value_MJD.transpose(0, 1)[None],
+        attn_mask=_allowed(cu_R1, query_MQD.shape[0]), scale=scale, enable_gqa=True)
+    return out_1QMD[0].transpose(0, 1).contiguous()
+
+
+def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monkeypatch):
+    """The varlen kernel inside the compiled layer (`packing.compiled_varlen_layer`), with a CPU stand-in operator
+    of varlen_attn's kind: log-probs, entropies and gradients within float32 rounding of the eager packed forward
+    (the stand-in called between no graphs), for two streams of different lengths and widths; each layer is ONE
+    graph (the attention traced into it, no graph break), and the second stream, with another width, compiles
+    nothing new (the width is a symbolic int). The real kernel runs in the gpu test below."""
+    from torch._dynamo.utils import counters
+
+    from literl.model import attention
+
+    def stand_in(query, key, value, cu_R1, width, options):
+        return _stand_in_varlen(query, key, value, cu_R1, width, options["scale"])
+
+    monkeypatch.setattr(attention, "varlen_kernel", stand_in)
+    model = build_tiny_qwen3(seed=4, num_attention_heads=2, num_key_value_heads=1)
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    for rows in (_rows(), _other_rows()):
+        mask_BT = rows[3]
+        eager = _values_and_grads(PolicyForward(model, packed="varlen"), rows)
+        reference = _values_and_grads(PolicyForward(model, packed="document_mask"), rows)
+        compiled = _values_and_grads(PolicyForward(model, packed="varlen", compile=True), rows)
+        torch.testing.assert_close(eager[0][mask_BT], reference[0][mask_BT], rtol=0, atol=1e-6)
+        for got, expected in zip(compiled[:2], eager[:2]):
+            torch.testing.assert_close(got[mask_BT], expected[mask_BT], rtol=0, atol=2e-5)
+            assert (got[~mask_BT] == 0).all()
+        for name, grad in compiled[2].items():
+            torch.testing.assert_close(grad, eager[2][name], rtol=1e-4, atol=2e-6, msg=name)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] == 1, "the layer with its attention is one graph"
+    assert graphs[1] == graphs[0], "the second stream recompiled the layer"
+
+
 @pytest.mark.gpu
 def test_compiled_packed_bf16_update_on_cuda_matches_the_eager_one():
     """On CUDA with the varlen kernel (or padded, where the probe chose it), bfloat16 over float32 masters: the
@@ -192,6 +289,8 @@ def test_compiled_packed_bf16_update_on_cuda_matches_the_eager_one():
             assert cosine > 0.999, name
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[1] == graphs[0], "the second stream recompiled the layer"
+    if kernel == "varlen":
+        assert graphs[0] == 1, "the varlen kernel is traced into the layer's one graph"
 
 
 @pytest.mark.gpu
@@ -231,10 +330,10 @@ def test_varlen_keywords_follow_the_installed_signature(monkeypatch, names, grou
     from literl.model import attention
 
     monkeypatch.setattr(attention, "_varlen_parameters", lambda: frozenset(names))
-    assert attention._varlen_options(0.25, 16, grouped) == expected
+    assert attention.varlen_options(0.25, 16, grouped) == expected
     if "scale" not in names:
         with pytest.raises(NotImplementedError, match="no scale argument"):
-            attention._varlen_options(0.1, 16, grouped)
+            attention.varlen_options(0.1, 16, grouped)
 
 
 def test_this_torchs_varlen_signature_is_understood():
@@ -242,7 +341,7 @@ def test_this_torchs_varlen_signature_is_understood():
     pytest.importorskip("torch.nn.attention.varlen")
     from literl.model import attention
 
-    options = attention._varlen_options(0.125, 64, grouped=True)
+    options = attention.varlen_options(0.125, 64, grouped=True)
     assert options.get("is_causal") is True or options.get("window_size") == (-1, 0)
 
 
