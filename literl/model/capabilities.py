@@ -414,6 +414,17 @@ def _update_memory(policy_forward) -> tuple[float, float]:
     return per_token, max(0.0, peaks[0] - per_token * counts[0] - gradients)
 
 
+# Where `trainer.compile=true` also compiles the LM head's tiles (`head.tile_statistics`, `head.tile_gradient`): on
+# CUDA, where the eager tiles' element-wise passes over fp32 logits were ~0.5 s of the 1.7B body's 1.9 s compiled
+# update (its 151,936-token vocabulary; docs/speed.md). CPU keeps the eager tiles, sized to stay in its cache.
+FUSED_HEAD_TILES = ("cuda",)
+
+
+def fuses_head_tiles(device: torch.device, compiled: bool) -> bool:
+    """Whether the head's tiles run as compiled kernels for a forward on `device` (`compiled`: trainer.compile)."""
+    return compiled and device.type in FUSED_HEAD_TILES
+
+
 def cluster_micro_batch_tokens(setting: int | str) -> int:
     """Tokens per micro-batch on a Ray cluster, where the driver and every trainer rank split a step alike (each
     rank measuring its own memory could disagree): `auto` is CPU_MICRO_BATCH_TOKENS there."""

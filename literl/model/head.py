@@ -14,9 +14,12 @@ custom head) take the direct path: a full forward, then log_softmax (`direct_log
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+
+from literl.model.compiled import compile_for_varying_sizes
 
 # Accelerators: logits per tile (fp32 elements); 2^25 is 128 MB, two of which are alive at once in backward. A tile
 # spans up to ACCELERATOR_TILE_TOKENS tokens and the vocabulary block that keeps it at that size: the weight
@@ -34,14 +37,15 @@ LOGIT_TRANSFORM_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_scal
 
 
 def head_logprobs(head: torch.nn.Linear, hidden_MH: torch.Tensor, target_M: torch.Tensor, temperature: float,
-                  with_entropy: bool, tiling: "Tiling", compute_dtype: torch.dtype | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  with_entropy: bool, tiling: "Tiling", compute_dtype: torch.dtype | None = None, *,
+                  fused: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logp_M, entropy_M or None) of the target tokens from hidden_MH through a linear head, tile by tile.
     `compute_dtype` narrower than the head's weight (mixed precision: bfloat16 over float32 master weights): the
     matmuls run in it, the logits, log-softmax and gradient accumulation in float32, and the gradients come back in
-    the weight's and the hidden state's own dtypes."""
+    the weight's and the hidden state's own dtypes. `fused=True`: each tile's element-wise work is one compiled
+    kernel forward and one backward (`compiled_tile_statistics`, `compiled_tile_gradient`; a head without bias)."""
     return ChunkedHeadLogprobs.apply(hidden_MH, head.weight, head.bias, target_M, float(temperature),
-                                     bool(with_entropy), tiling, compute_dtype)
+                                     bool(with_entropy), tiling, compute_dtype, bool(fused) and head.bias is None)
 
 
 def scatter_rows(values_M: torch.Tensor, valid_BT: torch.Tensor, dense: bool) -> torch.Tensor:
@@ -102,22 +106,32 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         ∂logp/∂z = onehot(y) − p
         ∂H/∂z    = −p ⊙ (z − E_p[z])
     then ∂/∂h = (∂/∂z / temperature) · W and ∂/∂W = (∂/∂z / temperature)ᵀ · h, accumulated tile by tile.
+    `fused`: a tile's element-wise work, forward and backward, is one compiled kernel each (`tile_statistics`,
+    `tile_gradient`) reading the matmul's output as it is, instead of eager passes over an fp32 copy.
     """
 
     @staticmethod
-    def forward(ctx, hidden_MH, weight_VH, bias_V, target_M, temperature, with_entropy, tiling, compute_dtype=None):
+    def forward(ctx, hidden_MH, weight_VH, bias_V, target_M, temperature, with_entropy, tiling, compute_dtype=None,
+                fused=False):
         N, V = hidden_MH.shape[0], weight_VH.shape[0]
         saved = hidden_MH, weight_VH
         hidden_MH, weight_VH = _in_compute_dtype(hidden_MH, weight_VH, compute_dtype)
         f32 = dict(dtype=torch.float32, device=hidden_MH.device)
         max_M = torch.full((N,), float("-inf"), **f32)
         sum_exp_M, sum_exp_z_M, target_z_M = (torch.zeros(N, **f32) for _ in range(3))
-        tile_buffer = torch.empty(min(N, tiling.tokens) * min(V, tiling.vocab), **f32)
+        tile_buffer = None if fused else torch.empty(min(N, tiling.tokens) * min(V, tiling.vocab), **f32)
+        statistics = compiled_tile_statistics() if fused else None
         for v0 in range(0, V, tiling.vocab):
             tile_weight_VH = weight_VH[v0:v0 + tiling.vocab]
             tile_bias_V = None if bias_V is None else bias_V[v0:v0 + tiling.vocab]
             for n0 in range(0, N, tiling.tokens):
                 rows = slice(n0, n0 + tiling.tokens)
+                if fused:
+                    in_tile_C, local_C = _target_in_tile(target_M[rows], v0, tile_weight_VH.shape[0])
+                    max_M[rows], sum_exp_M[rows], sum_exp_z_M[rows], target_z_M[rows] = statistics(
+                        hidden_MH[rows] @ tile_weight_VH.t(), max_M[rows], sum_exp_M[rows], sum_exp_z_M[rows],
+                        target_z_M[rows], local_C, in_tile_C, temperature, with_entropy)
+                    continue
                 z_CV = _tile_logits(hidden_MH[rows], tile_weight_VH, tile_bias_V, temperature, tile_buffer)
                 in_tile_C, local_C = _target_in_tile(target_M[rows], v0, z_CV.shape[1])
                 target_z_M[rows] = torch.where(in_tile_C, z_CV.gather(1, local_C[:, None]).squeeze(1),
@@ -132,13 +146,13 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         lse_M = max_M + sum_exp_M.log()
         mean_z_M = sum_exp_z_M / sum_exp_M
         ctx.save_for_backward(*saved, bias_V, target_M, lse_M, mean_z_M)
-        ctx.settings = (temperature, with_entropy, tiling, compute_dtype)
+        ctx.settings = (temperature, with_entropy, tiling, compute_dtype, fused)
         return target_z_M - lse_M, (lse_M - mean_z_M if with_entropy else None)
 
     @staticmethod
     def backward(ctx, grad_logp_M, grad_entropy_M):
         hidden_MH, weight_VH, bias_V, target_M, lse_M, mean_z_M = ctx.saved_tensors
-        temperature, with_entropy, tiling, compute_dtype = ctx.settings
+        temperature, with_entropy, tiling, compute_dtype, fused = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         out_dtypes = hidden_MH.dtype, weight_VH.dtype
         hidden_MH, weight_VH = _in_compute_dtype(hidden_MH, weight_VH, compute_dtype)
@@ -148,14 +162,23 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         grad_h_MH = torch.zeros(hidden_MH.shape, dtype=torch.float32, device=hidden_MH.device)
         grad_w_VH = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if need_w else None
         grad_b_V = torch.zeros(V, dtype=torch.float32, device=weight_VH.device) if need_b else None
-        tile_buffer = torch.empty(min(N, tiling.tokens) * min(V, tiling.vocab), dtype=torch.float32,
-                                  device=hidden_MH.device)
+        tile_buffer = None if fused else torch.empty(min(N, tiling.tokens) * min(V, tiling.vocab),
+                                                     dtype=torch.float32, device=hidden_MH.device)
+        gradient = compiled_tile_gradient() if fused else None
         for v0 in range(0, V, tiling.vocab):
             block = slice(v0, v0 + tiling.vocab)
             tile_weight_VH = weight_VH[block]
             for n0 in range(0, N, tiling.tokens):
                 rows = slice(n0, n0 + tiling.tokens)
                 h_CH = hidden_MH[rows]
+                if fused:
+                    in_tile_C, local_C = _target_in_tile(target_M[rows], v0, tile_weight_VH.shape[0])
+                    grad_z_CV = gradient(h_CH @ tile_weight_VH.t(), lse_M[rows], mean_z_M[rows], local_C, in_tile_C,
+                                         grad_logp_M[rows], None if grad_entropy_M is None else grad_entropy_M[rows],
+                                         temperature)
+                    _accumulate_head_grads(grad_z_CV, h_CH, tile_weight_VH, grad_h_MH[rows],
+                                           grad_w_VH[block] if need_w else None)
+                    continue
                 z_CV = _tile_logits(h_CH, tile_weight_VH, None if bias_V is None else bias_V[block], temperature,
                                     tile_buffer)
                 grad_z_CV = _tile_grad_logits(z_CV, lse_M[rows], mean_z_M[rows], target_M[rows], v0,
@@ -168,7 +191,7 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
                     grad_b_V[block] += grad_z_CV.sum(0)
         return (grad_h_MH.to(out_dtypes[0]) if need_h else None,
                 grad_w_VH.to(out_dtypes[1]) if need_w else None,
-                grad_b_V.to(bias_V.dtype) if need_b else None, None, None, None, None, None)
+                grad_b_V.to(bias_V.dtype) if need_b else None, None, None, None, None, None, None)
 
 
 def _in_compute_dtype(hidden_MH: torch.Tensor, weight_VH: torch.Tensor, compute_dtype: torch.dtype | None):
@@ -224,6 +247,52 @@ def _tile_grad_logits(z_CV, lse_C, mean_z_C, target_C, v0, grad_logp_C, grad_ent
         grad_z_CV = p_CV.mul_(scale_CV).neg_()
     in_tile_C, local_C = _target_in_tile(target_C, v0, z_CV.shape[1])
     return grad_z_CV.scatter_add_(1, local_C[:, None], (grad_logp_C * in_tile_C)[:, None])
+
+
+def tile_statistics(zb_CV, max_C, sum_exp_C, sum_exp_z_C, target_z_C, local_C, in_tile_C, temperature: float,
+                    with_entropy: bool):
+    """One tile's share of the forward's online logsumexp (`ChunkedHeadLogprobs.forward`, the same arithmetic),
+    from the tile's logits as the matmul returned them (its dtype, before temperature): the running max, Σ e^(z−m),
+    Σ e^(z−m)·z and the target's logit, updated. Compiled (`compiled_tile_statistics`), the tile is read by one
+    kernel, where the eager tile makes ~9 passes over an fp32 copy of it."""
+    z_CV = zb_CV.float() / temperature
+    target_z_C = torch.where(in_tile_C, z_CV.gather(1, local_C[:, None]).squeeze(1), target_z_C)
+    new_max_C = torch.maximum(max_C, z_CV.amax(-1))
+    rescale_C = torch.exp(max_C - new_max_C)
+    exp_CV = torch.exp(z_CV - new_max_C[:, None])
+    sum_exp_C = sum_exp_C * rescale_C + exp_CV.sum(-1)
+    if with_entropy:
+        sum_exp_z_C = sum_exp_z_C * rescale_C + (exp_CV * z_CV).sum(-1)
+    return new_max_C, sum_exp_C, sum_exp_z_C, target_z_C
+
+
+def tile_gradient(zb_CV, lse_C, mean_z_C, local_C, in_tile_C, grad_logp_C, grad_entropy_C, temperature: float):
+    """∂/∂(hWᵀ) of one tile, in the logits' dtype (what the two matmuls after it take): `_tile_grad_logits`'
+    arithmetic divided by the temperature, from the tile's logits as the matmul returned them."""
+    z_CV = zb_CV.float() / temperature
+    p_CV = torch.exp(z_CV - lse_C[:, None])
+    if grad_entropy_C is None:
+        grad_z_CV = -p_CV * grad_logp_C[:, None]
+    else:
+        grad_z_CV = -p_CV * ((z_CV - mean_z_C[:, None]) * grad_entropy_C[:, None] + grad_logp_C[:, None])
+    target_CV = (torch.arange(z_CV.shape[1], device=z_CV.device)[None, :] == local_C[:, None]) & in_tile_C[:, None]
+    grad_z_CV = grad_z_CV + torch.where(target_CV, grad_logp_C[:, None], 0.0)
+    return (grad_z_CV / temperature).to(zb_CV.dtype)
+
+
+@functools.cache
+def compiled_tile_statistics():
+    """`tile_statistics` through `torch.compile`, one graph for every tile size (a tile of one token or one
+    vocabulary entry runs eagerly)."""
+    return compile_for_varying_sizes(tile_statistics, name="the head's tile statistics",
+                                     eager_when=lambda zb_CV, *rest: min(zb_CV.shape) < 2)
+
+
+@functools.cache
+def compiled_tile_gradient():
+    """`tile_gradient` through `torch.compile` (as `compiled_tile_statistics`)."""
+    return compile_for_varying_sizes(tile_gradient, name="the head's tile gradient",
+                                     eager_when=lambda zb_CV, *rest: min(zb_CV.shape) < 2)
 
 
 def linear_head(model: torch.nn.Module) -> torch.nn.Linear | None:

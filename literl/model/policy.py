@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from literl.model.attention import PACKED_KERNELS
-from literl.model.capabilities import capabilities, micro_batch_tokens
+from literl.model.capabilities import capabilities, fuses_head_tiles, micro_batch_tokens
 from literl.model.forward import hidden_by_length, response_hidden
 from literl.model.grouping import forward_groups, replay_groups
 from literl.model.head import Tiling, direct_logprobs, head_logprobs, scatter_rows
@@ -278,7 +278,8 @@ class PolicyForward:
         if not dense:
             self._note_agreement(routing)
         logp_M, entropy_M = head_logprobs(head, hidden_MH, target_BT[valid_BT], self.temperature, with_entropy,
-                                          self._head_tiling(head), self.compute_dtype)
+                                          self._head_tiling(head), self.compute_dtype,
+                                          fused=fuses_head_tiles(self.device, self.compile))
         logp_BT = scatter_rows(logp_M, valid_BT, dense)
         return logp_BT, (scatter_rows(entropy_M, valid_BT, dense) if with_entropy else None)
 
@@ -299,7 +300,8 @@ class PolicyForward:
         self._note_agreement(routing)
         head = capabilities(self.model).head
         logp_P, entropy_P = head_logprobs(head, hidden_PH, packed.target_P, self.temperature, with_entropy,
-                                          self._head_tiling(head), self.compute_dtype)
+                                          self._head_tiling(head), self.compute_dtype,
+                                          fused=fuses_head_tiles(self.device, self.compile))
         return unpacked(logp_P, packed), (unpacked(entropy_P, packed) if with_entropy else None)
 
     def _head_tiling(self, head: torch.nn.Linear) -> Tiling:
