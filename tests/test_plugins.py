@@ -40,6 +40,9 @@ def _literl(*args: str, cwd: Path, env_path: Path | None = None) -> subprocess.C
     paths = [str(env_path)] if env_path else []
     if not script.exists():     # not installed (e.g. a bare GPU image): literl from its checkout, never from `cwd`
         paths.append(str(Path(literl.__file__).resolve().parents[1]))
+    # The caller's absolute entries stay (a GPU image's carried packages, e.g. /tmp/site); relative ones would put
+    # `cwd` on the path.
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isabs(p)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 

@@ -289,8 +289,8 @@ def test_compiled_packed_bf16_update_on_cuda_matches_the_eager_one():
             assert cosine > 0.999, name
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[1] == graphs[0], "the second stream recompiled the layer"
-    if kernel == "varlen":
-        assert graphs[0] == 1, "the varlen kernel is traced into the layer's one graph"
+    if kernel == "varlen":     # the layer is one graph (the head's two tile graphs are the others)
+        assert not counters["graph_break"], f"the varlen kernel broke the layer's graph: {counters['graph_break']}"
 
 
 @pytest.mark.gpu
