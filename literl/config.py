@@ -287,7 +287,8 @@ class TrainerConfig:
     micro_batch_tokens: Any = knob("auto", "max padded tokens per forward/backward (real tokens where rows are "
                                            "packed: CUDA), the gradient accumulation unit (exactness does not "
                                            "depend on it): a number, or auto (16384 on CPU; on CUDA sized from the "
-                                           "free GPU memory at the first update)")
+                                           "free GPU memory at the first update, and 3/4 of that after a "
+                                           "micro-batch runs out of memory)")
     output_dir: str | None = knob(None, "run directory; null: runs/<preset>-<timestamp>")
     resume: bool = knob(False, "continue the run in output_dir from its last checkpoint")
     save_every: int = knob(0, "checkpoint every N steps (0: by time only, see save_every_minutes; a checkpoint is "

@@ -341,8 +341,9 @@ CPU_MICRO_BATCH_TOKENS = 16384
 # two sizes, the difference over the difference, `_update_memory`) and takes this share of the memory left (free
 # now, plus what the allocator holds unused, minus the gradients and AdamW moments not yet allocated, minus what a
 # forward and backward takes whatever its size): the rest absorbs fragmentation. On an H100 the eager update ran
-# at the sizes it gave (peaks 64 and 74 of 79 GiB); the compiled 1.7B body's did not, before the size-independent
-# part was subtracted, which is not re-measured yet (docs/speed.md, "Figures on an H100").
+# at the sizes it gave (peaks 64 and 74 of 79 GiB); the compiled 1.7B body's did not, neither on an H100 nor, with
+# the size-independent part subtracted, on an H200: a micro-batch that runs out of memory makes the learner start
+# its optimizer step again smaller (`learner.OOM_BACKOFF`; docs/speed.md, "Figures on an H200").
 AUTO_MEMORY_SHARE = 0.8
 AUTO_PROBE_TOKENS = (1024, 3072)
 AUTO_TOKEN_LIMITS = (1024, 262144)
