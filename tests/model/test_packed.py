@@ -262,6 +262,13 @@ def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monk
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] == 1, "the layer with its attention is one graph"
     assert graphs[1] == graphs[0], "the second stream recompiled the layer"
+    # Rows of one prompt token and one response token: a width of 1, which runs eagerly (a size of 1 would be
+    # specialised into a graph of its own), with the same values.
+    single = (torch.tensor([[5, 6], [7, 8], [9, 10]]), torch.tensor([1, 1, 1]), 1, torch.ones(3, 1, dtype=torch.bool))
+    got = _values_and_grads(PolicyForward(model, packed="varlen", compile=True), single)
+    expected = _values_and_grads(PolicyForward(model, packed="document_mask"), single)
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] == graphs[0], "a width of 1 compiled a graph"
 
 
 @pytest.mark.gpu
