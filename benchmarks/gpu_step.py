@@ -21,6 +21,7 @@ Per body, after `--warmup` untimed steps (probes, `trainer.micro_batch_tokens=au
                                step's prompts, the same max_new_tokens, temperature 1, top-k 0, top-p 1: the
                                second of two calls (hf_generate_first_call_s: the first, with its one-off costs)
     literl_over_hf             rollout_tok_s / hf_tok_s
+    update_s_steps, update_mfu_steps   each timed step's own update seconds and MFU (steps differ in tokens)
     update_s, update_mfu       the learner's update (forwards, backwards, optimizer step); FLOPs counted as the
                                issue defines them: 6 · N · trained tokens + causal attention (6 · S² · heads ·
                                head dim per layer and row of S tokens), N = the matmul weights a token goes through
@@ -42,7 +43,8 @@ should be measured by.
 
 With `--profile DIR` one more step's update runs under `torch.profiler` after the timed steps (what the update's
 MFU is lost to): DIR/<body>_update_ops.txt holds the top operators by device time (CPU time without CUDA) and by
-host time, DIR/<body>_update_trace.json.gz the timeline (chrome://tracing, Perfetto), and the
+host time, DIR/<body>_update_trace.json.gz the timeline (chrome://tracing, Perfetto; the update's parts are the
+ranges `literl/forward`, `literl/loss`, `literl/backward`, `literl/observe`, ... of `learner.phase`), and the
 row gains `update_profile`: the device seconds by kind of kernel (matmul, attention, norm/elementwise, compiled
 fused kernels, optimizer, copies, communication, other), the kernels launched, the host synchronisations
 (cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpy without Async) and the share of the update's wall time
@@ -395,7 +397,7 @@ def profile_summary(events, wall_s: float, *, cuda: bool) -> dict:
         if event.name.startswith(SYNC_CALLS) and "Async" not in event.name:
             syncs += 1
         if cuda:
-            if event.device_type.name != "CUDA":
+            if event.device_type.name != "CUDA" or _is_annotation(event):
                 continue
             kernels += 1
             seconds = getattr(event, "device_time_total", None) or event.cuda_time_total
@@ -410,6 +412,17 @@ def profile_summary(events, wall_s: float, *, cuda: bool) -> dict:
     return {"wall_s": round(wall_s, 4), "device_busy_frac": round(busy / wall_s, 4) if wall_s else None,
             "seconds_by_kind": {k: round(v, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "kernels": kernels if cuda else None, "host_syncs": syncs if cuda else None}
+
+
+# Ranges the profiler also draws on the device's timeline, around kernels already counted: the update's parts
+# (`learner.phase`), compiled regions, the optimizer step. Counted as kernels they inflated "other" and the busy
+# share (the first H200 profiles of 2026-11-27).
+ANNOTATION_PREFIXES = ("literl/", "Torch-Compiled Region", "## Call CompiledFxGraph", "CompiledFunction",
+                       "Optimizer.", "ProfilerStep")
+
+
+def _is_annotation(event) -> bool:
+    return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith(ANNOTATION_PREFIXES)
 
 
 def _synchronize(device: torch.device) -> None:

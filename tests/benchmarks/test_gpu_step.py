@@ -80,6 +80,22 @@ def test_kernels_are_sorted_into_kinds_by_name():
     assert gpu_step.kernel_kind("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_3") == "compiled_fused"
 
 
+def test_device_time_counts_kernels_not_the_ranges_drawn_around_them():
+    """On CUDA the profiler also lists annotation ranges (the update's parts, compiled regions) as device events:
+    a 3 ms matmul inside a 5 ms `literl/forward` range is 3 ms of matmul, one kernel, not 8 ms."""
+    from types import SimpleNamespace
+
+    def event(name, us, annotation=False):
+        return SimpleNamespace(name=name, device_type=SimpleNamespace(name="CUDA"), device_time_total=us,
+                               is_user_annotation=annotation)
+
+    events = [event("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", 3000), event("literl/forward", 5000, True),
+              event("Torch-Compiled Region: 0/1", 4000), event("## Call CompiledFxGraph fxabc ##", 4000)]
+    summary = gpu_step.profile_summary(events, 0.01, cuda=True)
+    assert summary["seconds_by_kind"] == {"matmul": 0.003} and summary["kernels"] == 1
+    assert summary["device_busy_frac"] == 0.3
+
+
 def test_the_profile_option_writes_the_update_s_operators_and_kinds(tmp_path):
     """--profile on the tiny CPU mode: the operator table is written, and the update's CPU self time is split
     into kinds, matmuls among them, never more than the update's wall time."""
