@@ -28,6 +28,7 @@ import torch
 
 from literl.batch import RolloutBatch, TrainBatch
 from literl.metric_reduction import MetricAccumulator
+from literl.model.capabilities import AUTO_TOKEN_LIMITS
 from literl.ops import masked_max, masked_mean
 
 log = logging.getLogger(__name__)
@@ -214,8 +215,6 @@ class InProcessLearner:
     def _smaller_budget(self, budget: int, err: Exception) -> int:
         """The micro-batch size after one of `budget` tokens ran out of memory: with trainer.micro_batch_tokens=auto
         OOM_BACKOFF of it, kept for the rest of the run; a size the user set, or the smallest, raises with the fix."""
-        from literl.model.capabilities import AUTO_TOKEN_LIMITS
-
         smallest = AUTO_TOKEN_LIMITS[0]
         if self.micro_batch_tokens != "auto" or budget <= smallest:
             setting = self.micro_batch_tokens
