@@ -41,14 +41,14 @@ For the first body it also times one forward + backward of the last update's fir
 with each packed attention kernel (`attention_kernel_s`), what `literl.model.capabilities.PACKED_ROUTE`'s order
 should be measured by.
 
-With `--profile DIR` one more step's update runs under `torch.profiler` after the timed steps (what the update's
-MFU is lost to): DIR/<body>_update_ops.txt holds the top operators by device time (CPU time without CUDA) and by
-host time, DIR/<body>_update_trace.json.gz the timeline (chrome://tracing, Perfetto; the update's parts are the
-ranges `literl/forward`, `literl/loss`, `literl/backward`, `literl/observe`, ... of `learner.phase`), and the
-row gains `update_profile`: the device seconds by kind of kernel (matmul, attention, norm/elementwise, compiled
-fused kernels, optimizer, copies, communication, other), the kernels launched, the host synchronisations
-(cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpy without Async) and the share of the update's wall time
-the device was busy.
+With `--profile DIR` (`benchmarks/update_profile.py`) one more step's update runs under `torch.profiler` after the
+timed steps (what the update's MFU is lost to): DIR/<body>_update_ops.txt holds the top operators by device time
+(CPU time without CUDA) and by host time, DIR/<body>_update_trace.json.gz the timeline (chrome://tracing,
+Perfetto; the update's parts are the ranges `literl/forward`, `literl/loss`, `literl/backward`, `literl/observe`,
+... of `learner.phase`), and the row gains `update_profile`: the device seconds by kind of kernel (matmul,
+attention, norm/elementwise, compiled fused kernels, optimizer, copies, communication, other), the kernels
+launched, the host synchronisations (cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpy without Async) and
+the share of the update's wall time the device was busy.
 
 On the GPU machine (torch and transformers there; carry the few pure-Python packages literl needs,
 `benchmarks/gpu_wheels.sh`):
@@ -75,6 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from step_literl import digit_fraction  # noqa: E402
+from update_profile import profile_one_update, synchronize  # noqa: E402
 
 H100_BF16_TFLOPS = 989.0
 QWEN_VOCAB = 151_936
@@ -155,12 +156,12 @@ def hf_generate(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens
     for i, p in enumerate(prompts):
         ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
     ids, mask = ids.to(device), mask.to(device)
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=max_new_tokens,
                              temperature=1.0, top_k=0, top_p=1.0, eos_token_id=eos, pad_token_id=pad)
-    _synchronize(device)
+    synchronize(device)
     seconds = time.perf_counter() - start
     new = out[:, width:].cpu()
     is_eos = torch.isin(new, torch.tensor(eos))
@@ -183,12 +184,12 @@ def attention_kernel_seconds(model: torch.nn.Module, train, compute: torch.dtype
         forward = PolicyForward(model, compute_dtype=compute, packed=kernel)
         try:
             for attempt in range(2):
-                _synchronize(forward.device)
+                synchronize(forward.device)
                 start = time.perf_counter()
                 logp, entropy = forward.token_logprobs(tokens_BL, prompt_len_B, T, mask_BT=mask_BT,
                                                        with_entropy=True)
                 (logp.sum() + entropy.sum()).backward()
-                _synchronize(forward.device)
+                synchronize(forward.device)
                 model.zero_grad(set_to_none=True)
             out[kernel] = round(time.perf_counter() - start, 4)
         except Exception as err:        # a kernel this torch or GPU lacks: say which, measure the others
@@ -232,16 +233,16 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
     seen = _instrument(parts)
     # The profiled update is one more step after the timed ones: the profiler's overhead stays out of the medians.
     extra = 1 if profile_dir else 0
-    profiled = _profile_one_update(parts, device, profile_dir, name, warmup + steps + 1) if extra else {}
+    profiled = profile_one_update(parts, device, profile_dir, name, warmup + steps + 1) if extra else {}
     records, first_step_s = [], None
     compiled_before = sum(compile_seconds().values())
     try:
         for i in range(warmup + steps + extra):
             _reset_peak(device)
-            _synchronize(device)
+            synchronize(device)
             start = time.perf_counter()
             metrics = trainer._train_step()
-            _synchronize(device)
+            synchronize(device)
             step_s = time.perf_counter() - start
             trainer.step += 1
             if i == 0:
@@ -304,10 +305,10 @@ def _instrument(parts) -> dict:
 
     def timed_generate(prompts, params, **kwargs):
         device = next(parts.engine.model.parameters()).device
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         out = generate(prompts, params, **kwargs)
-        _synchronize(device)
+        synchronize(device)
         seen.update(prompts=[list(p) for p in prompts], generate_s=time.perf_counter() - start,
                     generated=float(out.mask_BT.sum()))
         return out
@@ -320,114 +321,6 @@ def _instrument(parts) -> dict:
     parts.engine.generate = timed_generate
     parts.objective.prepare = keep_prepared
     return seen
-
-
-# Which kind of work a kernel (or, without CUDA, an operator) is, by the first pattern its lower-cased name holds.
-KERNEL_KINDS = (
-    ("communication", ("nccl", "gloo", "all_reduce", "allreduce", "all_gather", "reduce_scatter")),
-    # torch.compile's generated kernels (triton_poi/per/red_fused_...): element-wise work and reductions fused
-    # across operators (their names also hold "_fused" and the operators', e.g. "to_copy")
-    ("compiled_fused", ("triton_poi", "triton_per", "triton_red")),
-    ("attention", ("flash", "attn", "attention", "fmha", "sdpa", "varlen")),
-    ("matmul", ("gemm", "cutlass", "sm90_xmma", "nvjet", "aten::mm", "aten::addmm", "aten::bmm", "matmul",
-                "aten::linear")),
-    ("optimizer", ("adam", "multi_tensor", "foreach", "_fused")),
-    ("copy", ("memcpy", "memset", "copy_", "aten::to", "cat", "index", "gather", "scatter")),
-    ("norm_elementwise", ("norm", "elementwise", "vectorized", "reduce", "softmax", "silu", "exp", "log", "mul",
-                          "add", "sum", "mean", "pow", "rsqrt", "where", "fill")),
-)
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaEventSynchronize")
-
-
-def kernel_kind(name: str) -> str:
-    lowered = name.lower()
-    for kind, patterns in KERNEL_KINDS:
-        if any(pattern in lowered for pattern in patterns):
-            return kind
-    return "other"
-
-
-def _profile_one_update(parts, device: torch.device, out_dir: Path, name: str, calls: int) -> dict:
-    """Run the `calls`-th learner update under torch.profiler; fill and return a dict
-    with "summary" (see the module's docstring) once it has run, and write the operator table to `out_dir`."""
-    from torch.profiler import ProfilerActivity, profile
-
-    out: dict = {}
-    update, count = parts.learner.update, [0]
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-
-    def profiled_update(*args, **kwargs):
-        count[0] += 1
-        if count[0] != calls:
-            return update(*args, **kwargs)
-        _synchronize(device)
-        start = time.perf_counter()
-        with profile(activities=activities) as prof:
-            result = update(*args, **kwargs)
-            _synchronize(device)
-        wall_s = time.perf_counter() - start
-        # A profiler API this torch names otherwise costs the summary, never the benchmark's figures.
-        try:
-            out["summary"] = profile_summary(prof.events(), wall_s, cuda=device.type == "cuda")
-            sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-            averages = prof.key_averages()
-            table = averages.table(sort_by=sort, row_limit=40, max_name_column_width=90)
-            # The host's side too: where the update's wall time goes when the device waits for its launches.
-            host = averages.table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=90)
-            out_dir.mkdir(parents=True, exist_ok=True)
-            tmp = out_dir / f".{name}_update_ops.txt.tmp"
-            tmp.write_text(f"{name}: one update after the timed steps, {wall_s:.3f} s wall\n{table}\n"
-                           f"by host time (operators' totals, children included):\n{host}\n")
-            tmp.replace(out_dir / f"{name}_update_ops.txt")
-            prof.export_chrome_trace(str(out_dir / f"{name}_update_trace.json.gz"))   # chrome://tracing, Perfetto
-        except Exception as err:        # noqa: BLE001
-            out.setdefault("summary", {"error": f"{type(err).__name__}: {err}"[:300], "wall_s": round(wall_s, 4)})
-        return result
-
-    parts.learner.update = profiled_update
-    return out
-
-
-def profile_summary(events, wall_s: float, *, cuda: bool) -> dict:
-    """Device (CUDA) or, without CUDA, CPU self time in seconds by `kernel_kind`, the kernels launched, the host
-    synchronisations and the share of `wall_s` the device was busy (kernels may overlap: an upper bound)."""
-    by_kind: dict[str, float] = {}
-    kernels = syncs = 0
-    for event in events:
-        if event.name.startswith(SYNC_CALLS) and "Async" not in event.name:
-            syncs += 1
-        if cuda:
-            if event.device_type.name != "CUDA" or _is_annotation(event):
-                continue
-            kernels += 1
-            seconds = getattr(event, "device_time_total", None) or event.cuda_time_total
-            seconds /= 1e6
-        else:
-            if not event.name.startswith("aten::"):
-                continue
-            seconds = event.self_cpu_time_total / 1e6       # self times: nested operators are not counted twice
-        kind = kernel_kind(event.name)
-        by_kind[kind] = by_kind.get(kind, 0.0) + seconds
-    busy = sum(by_kind.values())
-    return {"wall_s": round(wall_s, 4), "device_busy_frac": round(busy / wall_s, 4) if wall_s else None,
-            "seconds_by_kind": {k: round(v, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
-            "kernels": kernels if cuda else None, "host_syncs": syncs if cuda else None}
-
-
-# Ranges the profiler also draws on the device's timeline, around kernels already counted: the update's parts
-# (`learner.phase`), compiled regions, the optimizer step. Counted as kernels they inflated "other" and the busy
-# share (the first H200 profiles of 2026-11-27).
-ANNOTATION_PREFIXES = ("literl/", "Torch-Compiled Region", "## Call CompiledFxGraph", "CompiledFunction",
-                       "Optimizer.", "ProfilerStep")
-
-
-def _is_annotation(event) -> bool:
-    return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith(ANNOTATION_PREFIXES)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _reset_peak(device: torch.device) -> None:

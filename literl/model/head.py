@@ -126,14 +126,13 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             tile_bias_V = None if bias_V is None else bias_V[v0:v0 + tiling.vocab]
             for n0 in range(0, N, tiling.tokens):
                 rows = slice(n0, n0 + tiling.tokens)
+                in_tile_C, local_C = _target_in_tile(target_M[rows], v0, tile_weight_VH.shape[0])
                 if fused:
-                    in_tile_C, local_C = _target_in_tile(target_M[rows], v0, tile_weight_VH.shape[0])
                     max_M[rows], sum_exp_M[rows], sum_exp_z_M[rows], target_z_M[rows] = statistics(
                         hidden_MH[rows] @ tile_weight_VH.t(), max_M[rows], sum_exp_M[rows], sum_exp_z_M[rows],
                         target_z_M[rows], local_C, in_tile_C, temperature, with_entropy)
                     continue
                 z_CV = _tile_logits(hidden_MH[rows], tile_weight_VH, tile_bias_V, temperature, tile_buffer)
-                in_tile_C, local_C = _target_in_tile(target_M[rows], v0, z_CV.shape[1])
                 target_z_M[rows] = torch.where(in_tile_C, z_CV.gather(1, local_C[:, None]).squeeze(1),
                                                target_z_M[rows])
                 new_max_C = torch.maximum(max_M[rows], z_CV.amax(-1))

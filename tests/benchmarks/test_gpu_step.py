@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import gpu_step  # noqa: E402
+import update_profile  # noqa: E402
 from literl.testbed.tokenizer import build_char_tokenizer  # noqa: E402
 
 KEYS = ("rollout_tok_s", "hf_tok_s", "literl_over_hf", "update_s", "update_tflops", "update_mfu", "step_s",
@@ -66,18 +67,18 @@ def test_small_figures_keep_their_significant_digits():
 
 def test_kernels_are_sorted_into_kinds_by_name():
     """The names of an H100 profile's kernels and of CPU operators land in the kind the MFU analysis needs."""
-    assert gpu_step.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
-    assert gpu_step.kernel_kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "matmul"
-    assert gpu_step.kernel_kind("flash::flash_fwd_kernel<Flash_fwd_kernel_traits>") == "attention"
-    assert gpu_step.kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel") == "optimizer"
-    assert gpu_step.kernel_kind("Memcpy HtoD (Pinned -> Device)") == "copy"
-    assert gpu_step.kernel_kind("void at::native::vectorized_elementwise_kernel<4, SiLU>") == "norm_elementwise"
-    assert gpu_step.kernel_kind("aten::addmm") == "matmul"
-    assert gpu_step.kernel_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
-    assert gpu_step.kernel_kind("void at::native::unrolled_elementwise_kernel") == "norm_elementwise"
-    assert gpu_step.kernel_kind("cudaLaunchKernel") == "other"
-    assert gpu_step.kernel_kind("triton_poi_fused__to_copy_0") == "compiled_fused"         # not "optimizer", "copy"
-    assert gpu_step.kernel_kind("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_3") == "compiled_fused"
+    assert update_profile.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert update_profile.kernel_kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "matmul"
+    assert update_profile.kernel_kind("flash::flash_fwd_kernel<Flash_fwd_kernel_traits>") == "attention"
+    assert update_profile.kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel") == "optimizer"
+    assert update_profile.kernel_kind("Memcpy HtoD (Pinned -> Device)") == "copy"
+    assert update_profile.kernel_kind("void at::native::vectorized_elementwise_kernel<4, SiLU>") == "norm_elementwise"
+    assert update_profile.kernel_kind("aten::addmm") == "matmul"
+    assert update_profile.kernel_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert update_profile.kernel_kind("void at::native::unrolled_elementwise_kernel") == "norm_elementwise"
+    assert update_profile.kernel_kind("cudaLaunchKernel") == "other"
+    assert update_profile.kernel_kind("triton_poi_fused__to_copy_0") == "compiled_fused"         # not "optimizer", "copy"
+    assert update_profile.kernel_kind("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_3") == "compiled_fused"
 
 
 def test_device_time_counts_kernels_not_the_ranges_drawn_around_them():
@@ -91,7 +92,7 @@ def test_device_time_counts_kernels_not_the_ranges_drawn_around_them():
 
     events = [event("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", 3000), event("literl/forward", 5000, True),
               event("Torch-Compiled Region: 0/1", 4000), event("## Call CompiledFxGraph fxabc ##", 4000)]
-    summary = gpu_step.profile_summary(events, 0.01, cuda=True)
+    summary = update_profile.profile_summary(events, 0.01, cuda=True)
     assert summary["seconds_by_kind"] == {"matmul": 0.003} and summary["kernels"] == 1
     assert summary["device_busy_frac"] == 0.3
 

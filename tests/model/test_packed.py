@@ -142,6 +142,16 @@ def _other_rows():
     return tokens_BL, torch.tensor([2, 2, 2]), 6, mask_BT
 
 
+def _assert_float32_close(compiled, eager, mask_BT):
+    """A compiled forward's (log-probs, entropies, gradients) against the eager one's: within float32 rounding, and
+    0 where no response token is."""
+    for got, expected in zip(compiled[:2], eager[:2]):
+        torch.testing.assert_close(got[mask_BT], expected[mask_BT], rtol=0, atol=2e-5)
+        assert (got[~mask_BT] == 0).all()
+    for name, grad in compiled[2].items():
+        torch.testing.assert_close(grad, eager[2][name], rtol=1e-4, atol=2e-6, msg=name)
+
+
 def test_compiled_packed_layers_equal_the_eager_ones_with_one_graph_for_every_stream():
     """`trainer.compile=true` on the packed route (`packing.compiled_packed_layer`): float32 on CPU, log-probs,
     entropies and every gradient within float32 rounding of the eager packed forward, for two streams of different
@@ -157,11 +167,7 @@ def test_compiled_packed_layers_equal_the_eager_ones_with_one_graph_for_every_st
         mask_BT = rows[3]
         eager = _values_and_grads(PolicyForward(model, packed="document_mask"), rows)
         compiled = _values_and_grads(PolicyForward(model, packed="document_mask", compile=True), rows)
-        for got, expected in zip(compiled[:2], eager[:2]):
-            torch.testing.assert_close(got[mask_BT], expected[mask_BT], rtol=0, atol=2e-5)
-            assert (got[~mask_BT] == 0).all()
-        for name, grad in compiled[2].items():
-            torch.testing.assert_close(grad, eager[2][name], rtol=1e-4, atol=2e-6, msg=name)
+        _assert_float32_close(compiled, eager, mask_BT)
         compiled_graphs.append(counters["stats"]["unique_graphs"])
     assert compiled_graphs[0] >= 2, "the layer compiled into graphs around the eager attention kernel"
     assert compiled_graphs[1] == compiled_graphs[0], "the second stream recompiled the layer"
@@ -254,11 +260,7 @@ def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monk
         reference = _values_and_grads(PolicyForward(model, packed="document_mask"), rows)
         compiled = _values_and_grads(PolicyForward(model, packed="varlen", compile=True), rows)
         torch.testing.assert_close(eager[0][mask_BT], reference[0][mask_BT], rtol=0, atol=1e-6)
-        for got, expected in zip(compiled[:2], eager[:2]):
-            torch.testing.assert_close(got[mask_BT], expected[mask_BT], rtol=0, atol=2e-5)
-            assert (got[~mask_BT] == 0).all()
-        for name, grad in compiled[2].items():
-            torch.testing.assert_close(grad, eager[2][name], rtol=1e-4, atol=2e-6, msg=name)
+        _assert_float32_close(compiled, eager, mask_BT)
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] == 1, "the layer with its attention is one graph"
     assert graphs[1] == graphs[0], "the second stream recompiled the layer"

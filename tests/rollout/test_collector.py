@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from literl.rollout.collector import Collector, _Round
@@ -89,8 +91,6 @@ def test_group_metrics_count_zero_and_small_reward_std_apart():
     """Groups of two with rewards (1.0, 1.0): std 0; (1.0, 1.02): unbiased std 0.02/√2 = 0.0141; (0.95, 1.0): 0.0354;
     (1.0, 0.0): 0.707. groups/zero_std_frac = 1/4; groups/small_std_frac (0 < std < 0.1, the groups a std
     normalisation amplifies more than 10×) = 2/4; binary rewards alone never reach it at 0 < std."""
-    import dataclasses
-
     collector = Collector(engine=None, problems=[{}] * 8, prompt_ids=None, decode=None, rewards=None,
                           objective=None, sampling=SamplingParams(), prompts_per_step=4, group_size=2,
                           max_rounds=1, stream=None, pad_id=PAD)
