@@ -175,31 +175,33 @@ def test_compiled_packed_layers_equal_the_eager_ones_with_one_graph_for_every_st
 
 # A CPU stand-in for torch's varlen_attn operator, built the same way (a custom operator with a fake kernel and a
 # backward operator of its own), so that the compiled varlen layer's graph structure is tested where CI runs: causal
-# attention within each row through SDPA with a same-row mask (the `document_mask` kernel's arithmetic), its
-# backward written out.
+# attention within each row, O = P·V with P = softmax(scale·Q·Kᵀ) over a same-row causal mask (the `document_mask`
+# kernel's arithmetic), written out forward and backward (an operator's kernel runs below autograd). Outputs are
+# contiguous, as their fakes say.
 @torch.library.custom_op("literl_test::varlen_attention", mutates_args=())
 def _stand_in_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_R1: torch.Tensor, width: int,
                      scale: float) -> torch.Tensor:
-    return _row_causal_attention(query, key, value, cu_R1, scale)
+    q, k, v = _heads_first(query, key, value)
+    out = _row_causal_probs(q, k, cu_R1, scale) @ v
+    return out.transpose(0, 1).to(query.dtype).contiguous()
 
 
 @_stand_in_varlen.register_fake
 def _(query, key, value, cu_R1, width, scale):
-    return torch.empty_like(query)
+    return query.new_empty(query.shape)
 
 
 @torch.library.custom_op("literl_test::varlen_attention_backward", mutates_args=())
 def _stand_in_varlen_backward(grad: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                               cu_R1: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # By hand (an operator's kernel runs below autograd): O = P·V, P = softmax(S), S = scale·Q·Kᵀ (masked), so
     # dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O)), dQ = scale·dS·K, dK = scale·dSᵀ·Q; grouped heads summed.
-    groups = query.shape[1] // key.shape[1]
-    q, k, v, d_out = (x.transpose(0, 1).float() for x in (query, key.repeat_interleave(groups, 1),
-                                                          value.repeat_interleave(groups, 1), grad))
-    probs = torch.softmax((scale * q @ k.transpose(1, 2)).masked_fill(~_allowed(cu_R1, q.shape[1]), -torch.inf), -1)
+    q, k, v = _heads_first(query, key, value)
+    d_out = grad.transpose(0, 1).float()
+    probs = _row_causal_probs(q, k, cu_R1, scale)
     out = probs @ v
     d_scores = probs * (d_out @ v.transpose(1, 2) - (d_out * out).sum(-1, keepdim=True))
     d_query, d_key, d_value = scale * d_scores @ k, scale * d_scores.transpose(1, 2) @ q, probs.transpose(1, 2) @ d_out
+    groups = query.shape[1] // key.shape[1]
     d_key, d_value = (x.unflatten(0, (key.shape[1], groups)).sum(1) for x in (d_key, d_value))
     return tuple(x.transpose(0, 1).to(y.dtype).contiguous() for x, y in zip((d_query, d_key, d_value),
                                                                              (query, key, value)))
@@ -207,7 +209,7 @@ def _stand_in_varlen_backward(grad: torch.Tensor, query: torch.Tensor, key: torc
 
 @_stand_in_varlen_backward.register_fake
 def _(grad, query, key, value, cu_R1, scale):
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _stand_in_setup(ctx, inputs, output):
@@ -224,16 +226,18 @@ def _stand_in_grad(ctx, grad):
 _stand_in_varlen.register_autograd(_stand_in_grad, setup_context=_stand_in_setup)
 
 
-def _allowed(cu_R1, M):
+def _heads_first(query_MQD, key_MJD, value_MJD):
+    """[Q, M, D] float32 copies, the key/value heads repeated for the query heads they serve."""
+    groups = query_MQD.shape[1] // key_MJD.shape[1]
+    return (x.transpose(0, 1).float().contiguous() for x in (query_MQD, key_MJD.repeat_interleave(groups, 1),
+                                                             value_MJD.repeat_interleave(groups, 1)))
+
+
+def _row_causal_probs(q_QMD, k_QMD, cu_R1, scale):
+    M = q_QMD.shape[1]
     row_M = torch.repeat_interleave(torch.arange(len(cu_R1) - 1), (cu_R1[1:] - cu_R1[:-1]).long())
-    return torch.ones(M, M, dtype=torch.bool).tril() & (row_M[:, None] == row_M[None, :])
-
-
-def _row_causal_attention(query_MQD, key_MJD, value_MJD, cu_R1, scale):
-    out_1QMD = torch.nn.functional.scaled_dot_product_attention(
-        query_MQD.transpose(0, 1)[None], key_MJD.transpose(0, 1)[None], value_MJD.transpose(0, 1)[None],
-        attn_mask=_allowed(cu_R1, query_MQD.shape[0]), scale=scale, enable_gqa=True)
-    return out_1QMD[0].transpose(0, 1).contiguous()
+    allowed_MM = torch.ones(M, M, dtype=torch.bool).tril() & (row_M[:, None] == row_M[None, :])
+    return torch.softmax((scale * q_QMD @ k_QMD.transpose(1, 2)).masked_fill(~allowed_MM, -torch.inf), -1)
 
 
 def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monkeypatch):
