@@ -44,6 +44,22 @@ def build_tiny_qwen3(seed: int = 0, **overrides):
     return Qwen3ForCausalLM(tiny_qwen3_config(**overrides))
 
 
+def uneven_rows(seed: int = 0, vocab: int = 100):
+    """(tokens_BL, prompt_len_B, T, mask_BT): four rows of uneven prompt and response lengths, two sharing a prompt,
+    one response of a single token (the packed route's test batch)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [[5, 6, 7], [5, 6, 7], [9, 10], [11, 12, 13, 14, 15, 16]]
+    lengths = [6, 1, 9, 4]
+    T = max(lengths)
+    tokens_BL = torch.zeros(4, max(len(p) + n for p, n in zip(prompts, lengths)), dtype=torch.long)
+    mask_BT = torch.zeros(4, T, dtype=torch.bool)
+    for b, (p, n) in enumerate(zip(prompts, lengths)):
+        tokens_BL[b, :len(p)] = torch.tensor(p)
+        tokens_BL[b, len(p):len(p) + n] = torch.randint(3, vocab, (n,), generator=g)
+        mask_BT[b, :n] = True
+    return tokens_BL, torch.tensor([len(p) for p in prompts]), T, mask_BT
+
+
 def tiny_qwen3_moe_config(vocab_size: int = 100, **overrides):
     from transformers import Qwen3MoeConfig
 

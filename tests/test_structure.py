@@ -151,3 +151,22 @@ def test_the_layer_body_is_written_once():
 def test_source_files_stay_short():
     long_files = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long_files == {}
+
+
+OPERATOR_REGISTRATIONS = {"custom_op", "Library", "define", "triton_op"}
+
+
+def test_no_test_file_registers_a_torch_operator():
+    """A torch operator must be registered once per process, and a test file may run twice in one: pytest imports
+    it under its base name and a test module importing it as `tests.<dir>.test_x` runs it again, when torch's
+    `custom_op` destroys the first registration that the first copy still calls (a use of freed memory: the full
+    suite's intermittent crash in the varlen stand-in, 2026-11-27). Operators live in helper modules, imported under
+    one name (tests/model/varlen_stand_in.py)."""
+    offenders = []
+    for path in sorted((PACKAGE.parent / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = node.func if isinstance(node, ast.Call) else None
+            if (isinstance(func, ast.Attribute) and func.attr in OPERATOR_REGISTRATIONS
+                    and isinstance(func.value, ast.Attribute) and func.value.attr == "library"):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []

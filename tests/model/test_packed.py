@@ -12,8 +12,9 @@ from literl.batch import TrainBatch
 from literl.model.capabilities import capabilities
 from literl.model.packing import pack_rows, unpacked
 from literl.model.policy import PolicyForward
-from tests.conftest import build_tiny_qwen3
+from tests.conftest import build_tiny_qwen3, uneven_rows
 from tests.model.test_routing_replay import ROLLOUT_ROUTES, _batch as _moe_batch, _qwen3_moe
+from tests.model.varlen_stand_in import stand_in_varlen
 
 
 def test_pack_rows_lays_out_each_row_up_to_its_last_predictor():
@@ -36,21 +37,6 @@ def test_pack_rows_lays_out_each_row_up_to_its_last_predictor():
     assert unpacked(torch.tensor([1.0, 2.0, 3.0, 4.0]), packed).tolist() == [[1, 2, 3], [4, 0, 0], [0, 0, 0]]
 
 
-def _rows(seed=0, vocab=100):
-    """Four rows of uneven prompt and response lengths, two sharing a prompt, one response of a single token."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = [[5, 6, 7], [5, 6, 7], [9, 10], [11, 12, 13, 14, 15, 16]]
-    lengths = [6, 1, 9, 4]
-    T = max(lengths)
-    tokens_BL = torch.zeros(4, max(len(p) + n for p, n in zip(prompts, lengths)), dtype=torch.long)
-    mask_BT = torch.zeros(4, T, dtype=torch.bool)
-    for b, (p, n) in enumerate(zip(prompts, lengths)):
-        tokens_BL[b, :len(p)] = torch.tensor(p)
-        tokens_BL[b, len(p):len(p) + n] = torch.randint(3, vocab, (n,), generator=g)
-        mask_BT[b, :n] = True
-    return tokens_BL, torch.tensor([len(p) for p in prompts]), T, mask_BT
-
-
 def _values_and_grads(forward: PolicyForward, rows):
     tokens_BL, prompt_len_B, T, mask_BT = rows
     model = forward.model
@@ -68,7 +54,7 @@ def test_packed_forward_equals_the_unpacked_forward_values_and_gradients(kernel,
     and against whole rows through the model's own forward: log-probs, entropies and every parameter's gradient
     within float32 rounding (grouped-query heads and plain multi-head)."""
     model = build_tiny_qwen3(seed=4, num_attention_heads=2, num_key_value_heads=kv_heads)
-    rows = _rows()
+    rows = uneven_rows()
     mask_BT = rows[3]
     shared = _values_and_grads(PolicyForward(model, packed="off"), rows)
     packed = _values_and_grads(PolicyForward(model, packed=kernel), rows)
@@ -136,7 +122,7 @@ def test_packed_micro_batches_count_real_tokens():
 
 
 def _other_rows():
-    """Three rows of other lengths than `_rows`' (another stream length, row count and width)."""
+    """Three rows of other lengths than `uneven_rows`' (another stream length, row count and width)."""
     tokens_BL = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 0], [4, 3, 12, 13, 14, 15, 16, 17], [2, 2, 18, 19, 0, 0, 0, 0]])
     mask_BT = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]], dtype=torch.bool)
     return tokens_BL, torch.tensor([2, 2, 2]), 6, mask_BT
@@ -163,7 +149,7 @@ def test_compiled_packed_layers_equal_the_eager_ones_with_one_graph_for_every_st
     torch._dynamo.reset()
     counters.clear()
     compiled_graphs = []
-    for rows in (_rows(), _other_rows()):
+    for rows in (uneven_rows(), _other_rows()):
         mask_BT = rows[3]
         eager = _values_and_grads(PolicyForward(model, packed="document_mask"), rows)
         compiled = _values_and_grads(PolicyForward(model, packed="document_mask", compile=True), rows)
@@ -171,73 +157,6 @@ def test_compiled_packed_layers_equal_the_eager_ones_with_one_graph_for_every_st
         compiled_graphs.append(counters["stats"]["unique_graphs"])
     assert compiled_graphs[0] >= 2, "the layer compiled into graphs around the eager attention kernel"
     assert compiled_graphs[1] == compiled_graphs[0], "the second stream recompiled the layer"
-
-
-# A CPU stand-in for torch's varlen_attn operator, built the same way (a custom operator with a fake kernel and a
-# backward operator of its own), so that the compiled varlen layer's graph structure is tested where CI runs: causal
-# attention within each row, O = P·V with P = softmax(scale·Q·Kᵀ) over a same-row causal mask (the `document_mask`
-# kernel's arithmetic), written out forward and backward (an operator's kernel runs below autograd). Outputs are
-# contiguous, as their fakes say.
-@torch.library.custom_op("literl_test::varlen_attention", mutates_args=())
-def _stand_in_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_R1: torch.Tensor, width: int,
-                     scale: float) -> torch.Tensor:
-    q, k, v = _heads_first(query, key, value)
-    out = _row_causal_probs(q, k, cu_R1, scale) @ v
-    return out.transpose(0, 1).to(query.dtype).contiguous()
-
-
-@_stand_in_varlen.register_fake
-def _(query, key, value, cu_R1, width, scale):
-    return query.new_empty(query.shape)
-
-
-@torch.library.custom_op("literl_test::varlen_attention_backward", mutates_args=())
-def _stand_in_varlen_backward(grad: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                              cu_R1: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O)), dQ = scale·dS·K, dK = scale·dSᵀ·Q; grouped heads summed.
-    q, k, v = _heads_first(query, key, value)
-    d_out = grad.transpose(0, 1).float()
-    probs = _row_causal_probs(q, k, cu_R1, scale)
-    out = probs @ v
-    d_scores = probs * (d_out @ v.transpose(1, 2) - (d_out * out).sum(-1, keepdim=True))
-    d_query, d_key, d_value = scale * d_scores @ k, scale * d_scores.transpose(1, 2) @ q, probs.transpose(1, 2) @ d_out
-    groups = query.shape[1] // key.shape[1]
-    d_key, d_value = (x.unflatten(0, (key.shape[1], groups)).sum(1) for x in (d_key, d_value))
-    return tuple(x.transpose(0, 1).to(y.dtype).contiguous() for x, y in zip((d_query, d_key, d_value),
-                                                                             (query, key, value)))
-
-
-@_stand_in_varlen_backward.register_fake
-def _(grad, query, key, value, cu_R1, scale):
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
-
-
-def _stand_in_setup(ctx, inputs, output):
-    query, key, value, cu_R1, width, scale = inputs
-    ctx.save_for_backward(query, key, value, cu_R1)
-    ctx.scale = scale
-
-
-def _stand_in_grad(ctx, grad):
-    query, key, value, cu_R1 = ctx.saved_tensors
-    return (*_stand_in_varlen_backward(grad, query, key, value, cu_R1, ctx.scale), None, None, None)
-
-
-_stand_in_varlen.register_autograd(_stand_in_grad, setup_context=_stand_in_setup)
-
-
-def _heads_first(query_MQD, key_MJD, value_MJD):
-    """[Q, M, D] float32 copies, the key/value heads repeated for the query heads they serve."""
-    groups = query_MQD.shape[1] // key_MJD.shape[1]
-    return (x.transpose(0, 1).float().contiguous() for x in (query_MQD, key_MJD.repeat_interleave(groups, 1),
-                                                             value_MJD.repeat_interleave(groups, 1)))
-
-
-def _row_causal_probs(q_QMD, k_QMD, cu_R1, scale):
-    M = q_QMD.shape[1]
-    row_M = torch.repeat_interleave(torch.arange(len(cu_R1) - 1), (cu_R1[1:] - cu_R1[:-1]).long())
-    allowed_MM = torch.ones(M, M, dtype=torch.bool).tril() & (row_M[:, None] == row_M[None, :])
-    return torch.softmax((scale * q_QMD @ k_QMD.transpose(1, 2)).masked_fill(~allowed_MM, -torch.inf), -1)
 
 
 def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monkeypatch):
@@ -251,14 +170,14 @@ def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monk
     from literl.model import attention
 
     def stand_in(query, key, value, cu_R1, width, options):
-        return _stand_in_varlen(query, key, value, cu_R1, width, options["scale"])
+        return stand_in_varlen(query, key, value, cu_R1, width, options["scale"])
 
     monkeypatch.setattr(attention, "varlen_kernel", stand_in)
     model = build_tiny_qwen3(seed=4, num_attention_heads=2, num_key_value_heads=1)
     torch._dynamo.reset()
     counters.clear()
     graphs = []
-    for rows in (_rows(), _other_rows()):
+    for rows in (uneven_rows(), _other_rows()):
         mask_BT = rows[3]
         eager = _values_and_grads(PolicyForward(model, packed="varlen"), rows)
         reference = _values_and_grads(PolicyForward(model, packed="document_mask"), rows)
@@ -290,7 +209,7 @@ def test_compiled_packed_bf16_update_on_cuda_matches_the_eager_one():
     torch._dynamo.reset()
     counters.clear()
     graphs = []
-    for rows in (_rows(), _other_rows()):
+    for rows in (uneven_rows(), _other_rows()):
         mask = rows[3].cuda()
         eager = _values_and_grads(PolicyForward(model, packed=kernel, compute_dtype=torch.bfloat16), rows)
         compiled = _values_and_grads(PolicyForward(model, packed=kernel, compute_dtype=torch.bfloat16,
@@ -313,7 +232,7 @@ def test_packed_bf16_log_probs_on_cuda_match_the_float32_forward(kernel):
     tolerance of the unpacked float32 forward, gradients float32 and close in direction (cosine > 0.99)."""
     model = build_tiny_qwen3(seed=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                              hidden_size=256).cuda()
-    rows = _rows()
+    rows = uneven_rows()
     reference = _values_and_grads(PolicyForward(model, packed="off"), rows)
     packed = _values_and_grads(PolicyForward(model, packed=kernel, compute_dtype=torch.bfloat16), rows)
     mask = rows[3].cuda()

@@ -11,14 +11,13 @@ from safetensors.torch import load_file
 
 from literl.model.head import Tiling, head_logprobs
 from literl.model.policy import PolicyForward
-from tests.conftest import build_tiny_qwen3
-from tests.model.test_packed import _rows
+from tests.conftest import build_tiny_qwen3, uneven_rows
 from tests.training.test_trainer import _overrides, length_reward
 
 
 def _one_adamw_step(model: torch.nn.Module, forward: PolicyForward, lr: float) -> dict[str, torch.Tensor]:
-    """Each parameter's change after one AdamW step (lr, no weight decay) on a log-prob loss of `_rows()`."""
-    tokens_BL, prompt_len_B, T, mask_BT = _rows()
+    """Each parameter's change after one AdamW step (lr, no weight decay) on a log-prob loss of `uneven_rows()`."""
+    tokens_BL, prompt_len_B, T, mask_BT = uneven_rows()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     logp, entropy = forward.token_logprobs(tokens_BL, prompt_len_B, T, mask_BT=mask_BT, with_entropy=True)
@@ -128,7 +127,7 @@ def test_a_mixed_precision_step_on_cuda_moves_the_weights_as_float32_does():
 
 
 def _one_adamw_step_cuda(model, forward, lr):
-    tokens_BL, prompt_len_B, T, mask_BT = _rows()
+    tokens_BL, prompt_len_B, T, mask_BT = uneven_rows()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     logp, _ = forward.token_logprobs(tokens_BL, prompt_len_B, T, mask_BT=mask_BT)
