@@ -67,18 +67,19 @@ def test_small_figures_keep_their_significant_digits():
 
 def test_kernels_are_sorted_into_kinds_by_name():
     """The names of an H100 profile's kernels and of CPU operators land in the kind the MFU analysis needs."""
-    assert update_profile.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
-    assert update_profile.kernel_kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "matmul"
-    assert update_profile.kernel_kind("flash::flash_fwd_kernel<Flash_fwd_kernel_traits>") == "attention"
-    assert update_profile.kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel") == "optimizer"
-    assert update_profile.kernel_kind("Memcpy HtoD (Pinned -> Device)") == "copy"
-    assert update_profile.kernel_kind("void at::native::vectorized_elementwise_kernel<4, SiLU>") == "norm_elementwise"
-    assert update_profile.kernel_kind("aten::addmm") == "matmul"
-    assert update_profile.kernel_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
-    assert update_profile.kernel_kind("void at::native::unrolled_elementwise_kernel") == "norm_elementwise"
-    assert update_profile.kernel_kind("cudaLaunchKernel") == "other"
-    assert update_profile.kernel_kind("triton_poi_fused__to_copy_0") == "compiled_fused"         # not "optimizer", "copy"
-    assert update_profile.kernel_kind("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_3") == "compiled_fused"
+    kind = update_profile.kernel_kind
+    assert kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "matmul"
+    assert kind("flash::flash_fwd_kernel<Flash_fwd_kernel_traits>") == "attention"
+    assert kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel") == "optimizer"
+    assert kind("Memcpy HtoD (Pinned -> Device)") == "copy"
+    assert kind("void at::native::vectorized_elementwise_kernel<4, SiLU>") == "norm_elementwise"
+    assert kind("aten::addmm") == "matmul"
+    assert kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert kind("void at::native::unrolled_elementwise_kernel") == "norm_elementwise"
+    assert kind("cudaLaunchKernel") == "other"
+    assert kind("triton_poi_fused__to_copy_0") == "compiled_fused"         # not "optimizer", "copy"
+    assert kind("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_3") == "compiled_fused"
 
 
 def test_device_time_counts_kernels_not_the_ranges_drawn_around_them():
