@@ -141,3 +141,66 @@ def test_the_style_field_enters_the_hash_only_when_set():
     assert "style" not in ALIGNED.to_dict()["alignment"] and "style" not in ALIGNED.to_dict()["warmup"]
     assert ALIGNED_VARIED.to_dict()["alignment"]["style"] == "varied"
     assert ALIGNED_VARIED.base_recipe() == ALIGNED
+
+
+def test_looping_solutions_are_the_canonical_ones_with_one_step_line_written_again():
+    """Same problems, answers and slips; a looping solution is its canonical text with one step line (never the boxed
+    answer) repeated r >= 1 times right after itself, in about half of the solutions."""
+    from literl.testbed.tasks import problem_stream
+
+    looping = problem_stream(split="train", tier="long", seed=5, slip_rate=0.1, style="looping")
+    canonical = problem_stream(split="train", tier="long", seed=5, slip_rate=0.1)
+    repeats_seen = []
+    for _ in range(2000):
+        lo, ca = next(looping), next(canonical)
+        assert (lo["problem"], lo["answer"]) == (ca["problem"], ca["answer"])
+        lines_lo, lines_ca = lo["solution"].split("\n"), ca["solution"].split("\n")
+        r = len(lines_lo) - len(lines_ca)
+        if r == 0:
+            assert lines_lo == lines_ca
+            continue
+        assert 1 <= r <= 36
+        assert any(lines_lo == lines_ca[:at + 1] + [lines_ca[at]] * r + lines_ca[at + 1:]
+                   for at in range(len(lines_ca) - 1)), (lo["solution"], ca["solution"])
+        assert lines_lo[-1] == lines_ca[-1] and lines_lo[-1].startswith("\\boxed{")
+        repeats_seen.append(r)
+    # LOOP_SOLUTION_RATE 0.5: 1000 expected of 2000, sd 22
+    assert 900 <= len(repeats_seen) <= 1100
+    # geometric with continuation 0.9, capped at 36: mean (1 - 0.9^36) / 0.1 = 9.78, P(r = 1) = 0.1, P(r >= 12) = 0.9^11
+    # = 0.31 (standard errors over ~1000 loops: 0.3, 0.01, 0.015)
+    assert 8.8 <= statistics.mean(repeats_seen) <= 10.8
+    assert 0.06 <= sum(r == 1 for r in repeats_seen) / len(repeats_seen) <= 0.14
+    assert 0.25 <= sum(r >= 12 for r in repeats_seen) / len(repeats_seen) <= 0.37
+
+
+def test_looping_long_tier_solutions_run_past_a_160_token_budget_and_fit_the_model():
+    """Half the solutions loop, and a loop of >= 12 repeats of a ~8-character line carries a ~60-character solution
+    past 160 tokens: 0.5 x 0.9^11 = 0.157 of them, fewer where the solution is short (measured 0.145 on seed 0); the
+    longest example (prompt, solution, EOS) stays within the model's 512 positions."""
+    from literl.testbed.model import ModelShape
+    from literl.testbed.tasks import problem_stream
+
+    stream = problem_stream(split="train", tier="long", seed=0, slip_rate=0.1, style="looping")
+    records = [next(stream) for _ in range(4000)]
+    over = sum(len(r["solution"]) + 1 > 160 for r in records) / len(records)
+    assert 0.12 <= over <= 0.18
+    assert max(len(r["problem"]) + len(r["solution"]) + 1 for r in records) <= ModelShape().max_positions
+
+
+def test_the_long_loopy_recipe_continues_long_with_its_slips_and_loops():
+    from literl.testbed.recipes import LONG_LOOPY
+
+    assert LONG_LOOPY.parent == LONG and LONG_LOOPY.base_recipe() == LONG
+    assert (LONG_LOOPY.alignment.style, LONG_LOOPY.alignment.tier, LONG_LOOPY.alignment.slip_rate) == (
+        "looping", "long", LONG.alignment.slip_rate)
+    assert LONG_LOOPY.measure.max_new_tokens == 160 and LONG_LOOPY.measure.tier == "long"
+    assert LONG_LOOPY.to_dict()["alignment"]["style"] == "looping"
+    assert len({LONG_LOOPY.recipe_hash(), LONG.recipe_hash(), LONG_ALIGNED.recipe_hash()}) == 3
+
+
+def test_every_testbed_variant_is_a_choice_of_model_testbed():
+    """A recipe added without its config choice could not be selected (and a choice without a recipe would fail
+    only at build time)."""
+    from literl.config_rules import CHOICES
+
+    assert set(CHOICES["model.testbed"]) == set(VARIANTS)
