@@ -17,8 +17,8 @@ variant with one more SFT phase, so each costs a short phase on top of a cached 
     long          base + SFT on the long tier (1-12 operations, slips at 0.1 per step): responses 7x apart
                   in length within a batch, for token- vs sequence-level weighting and length budgets
     long_aligned  long + SFT on clean long-tier solutions: the aligned policy of the same regime
-    long_loopy    long + SFT on long-tier solutions of which half repeat a line a geometric number of times
-                  (mean 10): a base policy with no-stop repetition that a 160-token budget cuts, the long, wrong
+    long_loopy    long + SFT on long-tier solutions of which half repeat their last step line a geometric number
+                  of times (mean 10): a base policy with no-stop repetition that a 160-token budget cuts, the long, wrong
                   responses whose per-token weight token- and sequence-level aggregation set differently
     aligned_varied aligned + SFT on clean solutions written in equivalent forms chosen at random (operand order of
                   + and *, spaces): a policy with many tokens whose alternatives are also right, as an instruct
@@ -198,7 +198,7 @@ LONG_ALIGNED = dataclasses.replace(
 # only the loops are new; 300 steps at 5e-4, as the aligned phases (a short phase over a cached policy).
 LONG_LOOPY = dataclasses.replace(
     LONG, variant="long_loopy", parent=LONG,
-    alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.1, warmup_steps=20, tier="long", style="looping"),
+    alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.1, warmup_steps=20, tier="long", style="end_loop"),
 )
 ALIGNED_VARIED = dataclasses.replace(
     ALIGNED, variant="aligned_varied", parent=ALIGNED, num_threads=1,

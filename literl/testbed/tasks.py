@@ -29,8 +29,8 @@ base model, so that it stays imperfect and RL has something to fix.
 Styles (how a solution is written; the problems, answers and slips are the canonical stream's in every style):
     canonical  as above
     varied     each line in one of its equivalent forms (`solution_text`)
-    looping    half of the solutions write one of their step lines again and again before going on
-               (`repeat_a_line`): a base model's "no-stop repetition", which runs past a length budget
+    end_loop   half of the solutions write their last step line again and again before the boxed answer
+               (`repeat_last_step`): a base model's "no-stop repetition", which runs past a length budget
 
 Records are dicts `{"id", "problem", "answer" (str), "solution", "tier", "num_ops", "difficulty"}`, where
 `difficulty` is "<num_ops>_ops" ("<low>-<high>_ops" in a tier that buckets op counts, e.g. long's "4-6_ops").
@@ -163,10 +163,10 @@ def _draw_expression(rng: random.Random, spec: TierSpec) -> tuple[list[int], lis
             return numbers, ops
 
 
-SOLUTION_STYLES = ("canonical", "varied", "looping")
+SOLUTION_STYLES = ("canonical", "varied", "end_loop")
 
 LOOP_SOLUTION_RATE = 0.5
-"""Share of "looping" solutions that repeat a step line."""
+"""Share of "end_loop" solutions that repeat their last step line."""
 LOOP_CONTINUE = 0.9
 """After each repeat the line is written once more with this probability: the count of repeats is geometric (mean
 1 / (1 - 0.9) = 10), memoryless as a base model's no-stop repetition is (whether it stops does not depend on how
@@ -177,27 +177,30 @@ LOOP_MAX_REPEATS = 36
 <= 9) within the model's 512 positions."""
 
 
-def repeat_a_line(solution: str, rng: random.Random) -> str:
-    """The "looping" style: with probability `LOOP_SOLUTION_RATE`, one step line of `solution` chosen uniformly
-    (never the boxed answer) is written again `r` times right after itself, `r` >= 1 geometric with continuation
-    `LOOP_CONTINUE` (capped at `LOOP_MAX_REPEATS`); the solution then goes on as before. The repeats change no value,
-    so a looping solution is as right or wrong as its canonical text: repetition costs a response only where a length
-    budget cuts it (no boxed answer, reward 0), which is how it costs a base model in RL."""
+def repeat_last_step(solution: str, rng: random.Random) -> str:
+    """The "end_loop" style: with probability `LOOP_SOLUTION_RATE`, the last step line of `solution` (the one before
+    the boxed answer) is written again `r` times right after itself, `r` >= 1 geometric with continuation
+    `LOOP_CONTINUE` (capped at `LOOP_MAX_REPEATS`), and the solution then boxes its answer as before. The repeats
+    change no value, so a looping solution is as right or wrong as its canonical text: repetition costs a response
+    only where a length budget cuts it (no boxed answer, reward 0), which is how it costs a base model in RL.
+
+    Why the last step: a first build repeated a step chosen anywhere, and the tiny model, which finds the next
+    operand by where it is in the chain, lost its place after a loop (held-out sampled accuracy 40% -> 13.5%, of
+    which only 4% truncated: docs/testbed.md). A loop at the end leaves every step before it where it was."""
     if rng.random() >= LOOP_SOLUTION_RATE:
         return solution
     lines = solution.split("\n")
-    at = rng.randrange(len(lines) - 1)
     repeats = 1
     while repeats < LOOP_MAX_REPEATS and rng.random() < LOOP_CONTINUE:
         repeats += 1
-    return "\n".join(lines[:at + 1] + [lines[at]] * repeats + lines[at + 1:])
+    return "\n".join(lines[:-1] + [lines[-2]] * repeats + lines[-1:])
 
 
 def problem_stream(*, split: str, tier: str = "mixed", seed: int,
                    slip_rate: float = 0.0, style: str = "canonical") -> Iterator[dict]:
     """An endless, seed-determined stream of records from one split and tier (repeats are possible). `style`
-    "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`), "looping" repeats a line in
-    half of them (`repeat_a_line`); the problems, answers and slips are those of the canonical stream."""
+    "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`), "end_loop" repeats the last step
+    line in half of them (`repeat_last_step`); the problems, answers and slips are those of the canonical stream."""
     if style not in SOLUTION_STYLES:
         raise ValueError(f"unknown solution style {style!r}; expected one of {SOLUTION_STYLES}")
     if split not in SPLITS:
@@ -210,7 +213,7 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     rng = random.Random(f"literl-testbed:{split}:{tier}:{seed}")
     slip_rng = random.Random(f"literl-testbed-slips:{split}:{tier}:{seed}")
     style_rng = random.Random(f"literl-testbed-style:{split}:{tier}:{seed}") if style == "varied" else None
-    loop_rng = random.Random(f"literl-testbed-loops:{split}:{tier}:{seed}") if style == "looping" else None
+    loop_rng = random.Random(f"literl-testbed-loops:{split}:{tier}:{seed}") if style == "end_loop" else None
     index = 0
     while True:
         numbers, ops = _draw_expression(rng, spec)
@@ -223,7 +226,7 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
         steps, answer = worked
         solution = solution_text(steps, style_rng=style_rng)
         if loop_rng is not None:
-            solution = repeat_a_line(solution, loop_rng)
+            solution = repeat_last_step(solution, loop_rng)
         yield {
             "id": f"{split}-{tier}-{seed}-{index}",
             "problem": f"{PROMPT_PREFIX}{expression}{PROMPT_SUFFIX}",

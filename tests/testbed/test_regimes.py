@@ -143,12 +143,12 @@ def test_the_style_field_enters_the_hash_only_when_set():
     assert ALIGNED_VARIED.base_recipe() == ALIGNED
 
 
-def test_looping_solutions_are_the_canonical_ones_with_one_step_line_written_again():
-    """Same problems, answers and slips; a looping solution is its canonical text with one step line (never the boxed
-    answer) repeated r >= 1 times right after itself, in about half of the solutions."""
+def test_looping_solutions_are_the_canonical_ones_with_their_last_step_line_written_again():
+    """Same problems, answers and slips; a looping solution is its canonical text with its last step line (the one
+    before the boxed answer) repeated r >= 1 times right after itself, in about half of the solutions."""
     from literl.testbed.tasks import problem_stream
 
-    looping = problem_stream(split="train", tier="long", seed=5, slip_rate=0.1, style="looping")
+    looping = problem_stream(split="train", tier="long", seed=5, slip_rate=0.1, style="end_loop")
     canonical = problem_stream(split="train", tier="long", seed=5, slip_rate=0.1)
     repeats_seen = []
     for _ in range(2000):
@@ -160,9 +160,8 @@ def test_looping_solutions_are_the_canonical_ones_with_one_step_line_written_aga
             assert lines_lo == lines_ca
             continue
         assert 1 <= r <= 36
-        assert any(lines_lo == lines_ca[:at + 1] + [lines_ca[at]] * r + lines_ca[at + 1:]
-                   for at in range(len(lines_ca) - 1)), (lo["solution"], ca["solution"])
-        assert lines_lo[-1] == lines_ca[-1] and lines_lo[-1].startswith("\\boxed{")
+        assert lines_lo == lines_ca[:-1] + [lines_ca[-2]] * r + lines_ca[-1:], (lo["solution"], ca["solution"])
+        assert lines_lo[-1].startswith("\\boxed{")
         repeats_seen.append(r)
     # LOOP_SOLUTION_RATE 0.5: 1000 expected of 2000, sd 22
     assert 900 <= len(repeats_seen) <= 1100
@@ -175,12 +174,12 @@ def test_looping_solutions_are_the_canonical_ones_with_one_step_line_written_aga
 
 def test_looping_long_tier_solutions_run_past_a_160_token_budget_and_fit_the_model():
     """Half the solutions loop, and a loop of >= 12 repeats of a ~8-character line carries a ~60-character solution
-    past 160 tokens: 0.5 x 0.9^11 = 0.157 of them, fewer where the solution is short (measured 0.145 on seed 0); the
+    past 160 tokens: 0.5 x 0.9^11 = 0.157 of them (measured 0.149 on seed 0); the
     longest example (prompt, solution, EOS) stays within the model's 512 positions."""
     from literl.testbed.model import ModelShape
     from literl.testbed.tasks import problem_stream
 
-    stream = problem_stream(split="train", tier="long", seed=0, slip_rate=0.1, style="looping")
+    stream = problem_stream(split="train", tier="long", seed=0, slip_rate=0.1, style="end_loop")
     records = [next(stream) for _ in range(4000)]
     over = sum(len(r["solution"]) + 1 > 160 for r in records) / len(records)
     assert 0.12 <= over <= 0.18
@@ -192,9 +191,9 @@ def test_the_long_loopy_recipe_continues_long_with_its_slips_and_loops():
 
     assert LONG_LOOPY.parent == LONG and LONG_LOOPY.base_recipe() == LONG
     assert (LONG_LOOPY.alignment.style, LONG_LOOPY.alignment.tier, LONG_LOOPY.alignment.slip_rate) == (
-        "looping", "long", LONG.alignment.slip_rate)
+        "end_loop", "long", LONG.alignment.slip_rate)
     assert LONG_LOOPY.measure.max_new_tokens == 160 and LONG_LOOPY.measure.tier == "long"
-    assert LONG_LOOPY.to_dict()["alignment"]["style"] == "looping"
+    assert LONG_LOOPY.to_dict()["alignment"]["style"] == "end_loop"
     assert len({LONG_LOOPY.recipe_hash(), LONG.recipe_hash(), LONG_ALIGNED.recipe_hash()}) == 3
 
 
