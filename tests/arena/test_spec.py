@@ -24,12 +24,19 @@ def test_the_five_study_axes_ship_as_specs():
     assert set(SHIPPED) <= set(shipped_spec_names())
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+NOT_A_PAPER_CLAIM = {"positive_control", "finding_e_sampling"}
+"""Shipped specs that test the instrument or attribute another spec's result, not a claim of a paper."""
+
+
+@pytest.mark.parametrize("name", shipped_spec_names())
 def test_shipped_spec_loads_documents_the_paper_and_every_config_validates(name):
+    """Every shipped spec (the study axes, the findings, the controls): a spec that names a testbed, preset or key
+    that does not exist fails here rather than minutes into an ablation."""
     spec = load_spec(name)
     assert spec.paper_finding and spec.description
     header = [line for line in resolve_spec_path(name).read_text().splitlines() if line.startswith("#")]
-    assert any("arXiv" in line for line in header), "the header comment must cite the paper"
+    if name not in NOT_A_PAPER_CLAIM:
+        assert any("arXiv" in line for line in header), "the header comment must cite the paper"
     steps = check_configs(spec)
     assert set(steps) == {(v, s) for v in spec.variant_names for s in spec.scenario_names}
     assert {k.split("=")[0] for k in spec.base} >= {"trainer.steps", "eval.every", "eval.limit"}
