@@ -56,7 +56,7 @@ class ModelConfig:
     testbed: str = knob("base", "testbed starting policy when path is null: base | aligned | micro | moe (a tiny "
                                 "Qwen3-MoE, 8 experts, 2 per token, warmed up like base) | long, long_aligned (base "
                                 "taught the long tier's 1-12 operation chains; aligned: then clean solutions) | "
-                                "long_loopy (long that repeats a line in half its solutions, often past a "
+                                "long_loopy (long that repeats its last step line in half its solutions, often past a "
                                 "160-token budget: a base model's no-stop repetition) | "
                                 "aligned_varied (aligned taught solutions in randomly chosen equivalent forms: many "
                                 "tokens with valid alternatives) | varied, varied_aligned (base and aligned taught "

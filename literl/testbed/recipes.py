@@ -18,8 +18,8 @@ variant with one more SFT phase, so each costs a short phase on top of a cached 
                   in length within a batch, for token- vs sequence-level weighting and length budgets
     long_aligned  long + SFT on clean long-tier solutions: the aligned policy of the same regime
     long_loopy    long + SFT on long-tier solutions of which half repeat their last step line a geometric number
-                  of times (mean 10): a base policy with no-stop repetition that a 160-token budget cuts, the long, wrong
-                  responses whose per-token weight token- and sequence-level aggregation set differently
+                  of times (mean 10): a base policy with no-stop repetition that a 160-token budget cuts — long,
+                  wrong responses whose per-token weight token- and sequence-level aggregation set differently
     aligned_varied aligned + SFT on clean solutions written in equivalent forms chosen at random (operand order of
                   + and *, spaces): a policy with many tokens whose alternatives are also right, as an instruct
                   model's phrasing choices (the LitePPO paper's aligned Qwen3 put only ~50% of tokens at p ≥ 0.99,

@@ -199,8 +199,9 @@ def repeat_last_step(solution: str, rng: random.Random) -> str:
 def problem_stream(*, split: str, tier: str = "mixed", seed: int,
                    slip_rate: float = 0.0, style: str = "canonical") -> Iterator[dict]:
     """An endless, seed-determined stream of records from one split and tier (repeats are possible). `style`
-    "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`), "end_loop" repeats the last step
-    line in half of them (`repeat_last_step`); the problems, answers and slips are those of the canonical stream."""
+    "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`), "end_loop" repeats the last
+    step line in half of them (`repeat_last_step`); the problems, answers and slips are those of the canonical
+    stream."""
     if style not in SOLUTION_STYLES:
         raise ValueError(f"unknown solution style {style!r}; expected one of {SOLUTION_STYLES}")
     if split not in SPLITS:
