@@ -22,7 +22,7 @@ from literl.arena.plots import Panel
 from literl.arena.runs import RunRecord
 from literl.arena.spec import MECHANISM_SECTIONS
 from literl.arena.stats import SCORES
-from literl.arena.summary import format_cell, format_detectable
+from literl.arena.summary import format_cell, format_detectable, format_fragility
 from literl.data.files import write_text_atomic
 
 CSS = """
@@ -202,7 +202,10 @@ def _verdict_html(entry: dict) -> str:
             if entry["t_ci_low"] is not None else "")
     detectable = format_detectable(entry)
     detectable = f"<br><span class='note'>{_e(detectable)}</span>" if detectable else ""
-    return f"{entry['mean_diff']:+.3f}{ci} <span class='{css}'>{_e(entry['verdict'])}</span>{t_ci}{detectable}"
+    fragile = format_fragility(entry)
+    fragile = f"<br><span class='few'>{_e(fragile)}</span>" if fragile else ""
+    return (f"{entry['mean_diff']:+.3f}{ci} <span class='{css}'>{_e(entry['verdict'])}</span>{fragile}{t_ci}"
+            f"{detectable}")
 
 
 def _statistics_section(summary: dict) -> str:

@@ -176,6 +176,17 @@ def format_detectable(entry: dict) -> str:
     return f"MDE {mde:.3f}, {need}"
 
 
+def format_fragility(entry: dict) -> str:
+    """'fragile: t interval includes 0' for a helps/hurts verdict whose paired t interval still contains 0.
+
+    The percentile bootstrap of a handful of paired differences is narrower than the t interval (at 5 pairs it
+    treats the seeds' spread as known), so a verdict it alone supports is a lead to check on other seeds
+    (docs/arena.md, "Statistics": the findings' re-runs on new seeds)."""
+    if entry.get("verdict") not in (stats.HELPS, stats.HURTS) or entry.get("t_ci_low") is None:
+        return ""
+    return "fragile: t interval includes 0" if entry["t_ci_low"] <= 0.0 <= entry["t_ci_high"] else ""
+
+
 VERDICT_STYLE = {stats.HELPS: "green", stats.HURTS: "red", stats.NO_DIFFERENCE: "dim", stats.TOO_FEW: "yellow"}
 
 
@@ -203,7 +214,8 @@ def print_summary(summary: dict, console=None) -> None:
         for comp in summary["comparisons"]:
             table.add_row(escape(comp["variant"]), escape(comp["scenario"]), str(comp["final"]["n_pairs"]),
                           *(f"{_fmt_diff(comp[s])}\n[{VERDICT_STYLE[comp[s]['verdict']]}]{comp[s]['verdict']}[/]"
-                            f"\n[dim]{format_detectable(comp[s])}[/]" for s in stats.SCORES))
+                            + (f"\n[yellow]{format_fragility(comp[s])}[/]" if format_fragility(comp[s]) else "")
+                            + f"\n[dim]{format_detectable(comp[s])}[/]" for s in stats.SCORES))
         console.print(table)
     missing = summary["runs"]["missing"]
     if missing:

@@ -159,3 +159,43 @@ def test_a_run_whose_last_evaluation_is_null_is_missing_not_scored_at_an_earlier
     assert summary["runs"]["missing"][0]["reason"] == ("'testbed/accuracy' is null (not a finite number) at the "
                                                        f"last evaluation, step {last['step']}")
     assert summary["per_run"] == []
+
+
+def test_a_verdict_the_t_interval_does_not_support_is_marked_fragile():
+    """d = 0.01, 0.02, 0.09: the 3-pair bootstrap interval is [min, max] = [0.01, 0.09], "helps"; the t interval is
+    0.04 ± 4.3027 · 0.04359 / √3 = 0.04 ± 0.1083 = [−0.068, +0.148], which contains 0: fragile.
+    d = 0.10, 0.11, 0.12: bootstrap [0.10, 0.12], t 0.11 ± 4.3027 · 0.01 / √3 = [0.085, 0.135]: not fragile.
+    "no detectable difference" is never marked (there is no claim to be fragile)."""
+    from literl.arena import stats
+    from literl.arena.summary import format_fragility
+
+    def entry(diffs):
+        return stats.compare({("s", k): d for k, d in enumerate(diffs)}, {("s", k): 0.0 for k in range(len(diffs))})
+
+    weak, strong = entry([0.01, 0.02, 0.09]), entry([0.10, 0.11, 0.12])
+    assert weak["verdict"] == strong["verdict"] == "helps"
+    assert weak["t_ci_low"] == pytest.approx(0.04 - 0.1083, abs=5e-4) and weak["t_ci_high"] > 0
+    assert format_fragility(weak) == "fragile: t interval includes 0"
+    assert strong["t_ci_low"] == pytest.approx(0.085, abs=5e-4) and format_fragility(strong) == ""
+    assert format_fragility(entry([-0.09, -0.02, -0.01])) == "fragile: t interval includes 0"   # hurts, mirrored
+    assert format_fragility(entry([-0.05, 0.01, 0.02])) == ""          # no detectable difference: nothing to flag
+
+
+def test_the_terminal_and_the_report_mark_a_fragile_verdict(tmp_path):
+    """In the hand-made ablation every verdict is backed by its t interval (no mark); a comparison whose seeds
+    disagree in size but not in sign gets the mark in both renderings."""
+    from rich.console import Console
+
+    from literl.arena import stats
+    from literl.arena.report import _verdict_html
+
+    summary = summarize_handmade(tmp_path)
+    console = Console(width=200, record=True)
+    print_summary(summary, console)
+    assert "fragile" not in console.export_text()
+    weak = stats.compare({("s", k): d for k, d in enumerate([0.01, 0.02, 0.09])}, {("s", k): 0.0 for k in range(3)})
+    assert "fragile: t interval includes 0" in _verdict_html(weak)
+    summary["comparisons"][0]["final"] = weak
+    console = Console(width=200, record=True)
+    print_summary(summary, console)
+    assert "fragile: t interval includes 0" in console.export_text()
