@@ -190,6 +190,13 @@ def format_fragility(entry: dict) -> str:
 VERDICT_STYLE = {stats.HELPS: "green", stats.HURTS: "red", stats.NO_DIFFERENCE: "dim", stats.TOO_FEW: "yellow"}
 
 
+def _comparison_cell(entry: dict) -> str:
+    """One score's cell of the terminal's comparisons table: Δ [interval], verdict, fragility mark, MDE."""
+    fragile = format_fragility(entry)
+    return (f"{_fmt_diff(entry)}\n[{VERDICT_STYLE[entry['verdict']]}]{entry['verdict']}[/]"
+            + (f"\n[yellow]{fragile}[/]" if fragile else "") + f"\n[dim]{format_detectable(entry)}[/]")
+
+
 def print_summary(summary: dict, console=None) -> None:
     """The cells table (mean ± 95% CI over seeds) and the comparisons table (paired Δ, bootstrap CI, verdict)."""
     from rich.console import Console
@@ -213,9 +220,7 @@ def print_summary(summary: dict, console=None) -> None:
             table.add_column(column, justify="left" if column in ("variant", "scenario") else "right")
         for comp in summary["comparisons"]:
             table.add_row(escape(comp["variant"]), escape(comp["scenario"]), str(comp["final"]["n_pairs"]),
-                          *(f"{_fmt_diff(comp[s])}\n[{VERDICT_STYLE[comp[s]['verdict']]}]{comp[s]['verdict']}[/]"
-                            + (f"\n[yellow]{format_fragility(comp[s])}[/]" if format_fragility(comp[s]) else "")
-                            + f"\n[dim]{format_detectable(comp[s])}[/]" for s in stats.SCORES))
+                          *(_comparison_cell(comp[s]) for s in stats.SCORES))
         console.print(table)
     missing = summary["runs"]["missing"]
     if missing:
