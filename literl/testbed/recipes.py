@@ -28,6 +28,9 @@ variant with one more SFT phase, so each costs a short phase on top of a cached 
     varied        base taught from its first step on solutions in the varied forms (same steps, rates and gate)
     varied_aligned varied + SFT on clean solutions in the varied forms: an aligned policy with many acceptable
                   tokens (aligned_varied's phase over `aligned` lost the arithmetic)
+    skewed_aligned varied + SFT on clean solutions whose lines are canonical 85% of the time and otherwise in one of
+                  their other forms (a few percent each): an aligned policy with valid low-probability alternatives,
+                  the tokens with positive advantage that PPO's upper clip bound caps (clip-higher, finding_b)
     moe_flat      moe with its router weights scaled by 1/64 and then held fixed through a short SFT that lets the
                   experts adapt: the same routes with 64x smaller margins between the 2nd and 3rd expert, so that
                   the router's own updates move routes between θ_old and θ (the MiniRL study's off-policy setting)
@@ -217,6 +220,13 @@ VARIED_ALIGNED = dataclasses.replace(
     VARIED, variant="varied_aligned", parent=VARIED,
     alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.0, warmup_steps=20, style="varied"),
 )
+# Clip-higher's regime (finding_b): an aligned policy whose valid alternatives sit at a few percent, where PPO's upper
+# bound caps them. Over `varied`, which already computes in every form, so only the forms' prior moves (a phase
+# that taught new forms over `aligned` lost the arithmetic: aligned_varied).
+SKEWED_ALIGNED = dataclasses.replace(
+    VARIED, variant="skewed_aligned", parent=VARIED, num_threads=1,
+    alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.0, warmup_steps=20, style="skewed"),
+)
 MOE_FLAT = dataclasses.replace(
     # 1/64: scaling the router shrinks the margins and the logit changes that hidden-state updates cause alike, so
     # only the router's own updates (Adam: ~lr per weight, whatever the scale) flip more routes; at 1/8 the last
@@ -227,7 +237,7 @@ MOE_FLAT = dataclasses.replace(
 
 VARIANTS: dict[str, TestbedRecipe] = {r.variant: r for r in (BASE, ALIGNED, MICRO, MOE, LONG, LONG_ALIGNED,
                                                               LONG_LOOPY, ALIGNED_VARIED, VARIED, VARIED_ALIGNED,
-                                                              MOE_FLAT)}
+                                                              SKEWED_ALIGNED, MOE_FLAT)}
 
 
 def recipe_for(variant: str) -> TestbedRecipe:

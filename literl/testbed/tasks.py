@@ -31,6 +31,8 @@ Styles (how a solution is written; the problems, answers and slips are the canon
     varied     each line in one of its equivalent forms (`solution_text`)
     end_loop   half of the solutions write their last step line again and again before the boxed answer
                (`repeat_last_step`): a base model's "no-stop repetition", which runs past a length budget
+    skewed     each line canonical 85% of the time, else in one of its other equivalent forms
+               (`skewed_solution_text`): valid alternatives at a few percent each
 
 Records are dicts `{"id", "problem", "answer" (str), "solution", "tier", "num_ops", "difficulty"}`, where
 `difficulty` is "<num_ops>_ops" ("<low>-<high>_ops" in a tier that buckets op counts, e.g. long's "4-6_ops").
@@ -131,6 +133,14 @@ def solution_steps(numbers: list[int], ops: list[str], *, slip_rate: float = 0.0
     return steps, true_values[0]
 
 
+def _line_text(left: int, op: str, right: int, result: int, *, swapped: bool, spaced: bool) -> str:
+    """One step line in one of its equivalent forms: operands in the written or the swapped order, with or without
+    spaces ("4*5=20", "5 * 4 = 20"). Only + and * may swap."""
+    if swapped:
+        left, right = right, left
+    return f"{left} {op} {right} = {result}" if spaced else f"{left}{op}{right}={result}"
+
+
 def solution_text(steps: list[tuple[int, str, int, int]], *, style_rng: random.Random | None = None) -> str:
     """One "a op b=c" line per step, then `\\boxed{}` around the last written value.
 
@@ -139,10 +149,30 @@ def solution_text(steps: list[tuple[int, str, int, int]], *, style_rng: random.R
     with probability 1/2 — so a policy trained on them has many tokens with valid alternatives."""
     lines = []
     for left, op, right, result in steps:
-        if style_rng is not None and op in "+*" and style_rng.random() < 0.5:
-            left, right = right, left
+        swapped = style_rng is not None and op in "+*" and style_rng.random() < 0.5
         spaced = style_rng is not None and style_rng.random() < 0.5
-        lines.append(f"{left} {op} {right} = {result}" if spaced else f"{left}{op}{right}={result}")
+        lines.append(_line_text(left, op, right, result, swapped=swapped, spaced=spaced))
+    return "\n".join(lines + [f"\\boxed{{{steps[-1][3]}}}"])
+
+
+SKEWED_CANONICAL_RATE = 0.85
+"""Share of "skewed" lines written in the canonical form; the rest take one of the line's other forms."""
+
+
+def skewed_solution_text(steps: list[tuple[int, str, int, int]], rng: random.Random) -> str:
+    """The "skewed" style: each line is canonical with probability `SKEWED_CANONICAL_RATE`, else written in one of
+    its other equivalent forms drawn uniformly (for + and *: swapped, spaced, or both, ~5% each; for -: spaced,
+    15%). A policy trained on these puts ~0.85 on the canonical choice and a few percent on each valid
+    alternative: low-probability tokens that a correct response can carry, the "exploration" tokens that PPO's
+    upper clip bound caps (DAPO §3.1; LitePPO §4.2). The `varied` style's 50/50 choices leave alternatives near
+    p = 0.5, whose ratio rarely passes 1.2 (docs/testbed.md, rejected probes)."""
+    lines = []
+    for left, op, right, result in steps:
+        swapped = spaced = False
+        if rng.random() >= SKEWED_CANONICAL_RATE:
+            others = [(True, False), (False, True), (True, True)] if op in "+*" else [(False, True)]
+            swapped, spaced = rng.choice(others)
+        lines.append(_line_text(left, op, right, result, swapped=swapped, spaced=spaced))
     return "\n".join(lines + [f"\\boxed{{{steps[-1][3]}}}"])
 
 
@@ -163,7 +193,7 @@ def _draw_expression(rng: random.Random, spec: TierSpec) -> tuple[list[int], lis
             return numbers, ops
 
 
-SOLUTION_STYLES = ("canonical", "varied", "end_loop")
+SOLUTION_STYLES = ("canonical", "varied", "end_loop", "skewed")
 
 LOOP_SOLUTION_RATE = 0.5
 """Share of "end_loop" solutions that repeat their last step line."""
@@ -200,9 +230,9 @@ def repeat_last_step(solution: str, rng: random.Random) -> str:
 def problem_stream(*, split: str, tier: str = "mixed", seed: int,
                    slip_rate: float = 0.0, style: str = "canonical") -> Iterator[dict]:
     """An endless, seed-determined stream of records from one split and tier (repeats are possible). `style`
-    "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`), "end_loop" repeats the last
-    step line in half of them (`repeat_last_step`); the problems, answers and slips are those of the canonical
-    stream."""
+    "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`), "skewed" mostly in the
+    canonical one (`skewed_solution_text`), "end_loop" repeats the last step line in half of them
+    (`repeat_last_step`); the problems, answers and slips are those of the canonical stream."""
     if style not in SOLUTION_STYLES:
         raise ValueError(f"unknown solution style {style!r}; expected one of {SOLUTION_STYLES}")
     if split not in SPLITS:
@@ -216,6 +246,7 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     slip_rng = random.Random(f"literl-testbed-slips:{split}:{tier}:{seed}")
     style_rng = random.Random(f"literl-testbed-style:{split}:{tier}:{seed}") if style == "varied" else None
     loop_rng = random.Random(f"literl-testbed-loops:{split}:{tier}:{seed}") if style == "end_loop" else None
+    skew_rng = random.Random(f"literl-testbed-skew:{split}:{tier}:{seed}") if style == "skewed" else None
     index = 0
     while True:
         numbers, ops = _draw_expression(rng, spec)
@@ -226,7 +257,8 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
         while worked is None:   # a slip can push a later value out of range: draw the slips again
             worked = solution_steps(numbers, ops, slip_rate=slip_rate, rng=slip_rng)
         steps, answer = worked
-        solution = solution_text(steps, style_rng=style_rng)
+        solution = (skewed_solution_text(steps, skew_rng) if skew_rng is not None
+                    else solution_text(steps, style_rng=style_rng))
         if loop_rng is not None:
             solution = repeat_last_step(solution, loop_rng)
         yield {

@@ -36,7 +36,7 @@ class SFTPhase:
     grad_clip: float = 1.0
     tier: str = "mixed"
     style: str = "canonical"
-    """How the solutions are written: canonical, or varied (equivalent forms chosen at random: tasks.solution_text)."""
+    """How the solutions are written: `tasks.SOLUTION_STYLES` (canonical, varied, end_loop, skewed)."""
 
 
 @dataclass

@@ -203,3 +203,50 @@ def test_every_testbed_variant_is_a_choice_of_model_testbed():
     from literl.config_rules import CHOICES
 
     assert set(CHOICES["model.testbed"]) == set(VARIANTS)
+
+
+def test_skewed_solutions_are_canonical_85_percent_of_the_time_and_otherwise_another_valid_form():
+    """Same problems, answers and values as the canonical stream. A + or * line has 3 other forms (swapped, spaced,
+    both), a - line 1 (spaced): over N lines the canonical share is 0.85 (sd sqrt(0.85 * 0.15 / N) = 0.006 at
+    N ~ 3,500), and each of a + / * line's other forms 0.15 / 3 = 0.05."""
+    from literl.testbed.recipes import SKEWED_ALIGNED, VARIED
+    from literl.testbed.tasks import problem_stream
+
+    skewed, canonical = problem_stream(split="train", seed=6, style="skewed"), problem_stream(split="train", seed=6)
+    forms = {"+*": [], "-": []}
+    for _ in range(1500):
+        s, c = next(skewed), next(canonical)
+        assert (s["problem"], s["answer"]) == (c["problem"], c["answer"])
+        for line_s, line_c in zip(s["solution"].split("\n"), c["solution"].split("\n")):
+            if "=" not in line_c:
+                assert line_s == line_c
+                continue
+            lhs_c, rhs_c = line_c.split("=")
+            op = next(ch for ch in "+-*" if ch in lhs_c[1:])
+            a, b = lhs_c.split(op, 1)
+            if a == b:
+                continue          # a swap does not show
+            form = {f"{a}{op}{b}={rhs_c}": "canonical", f"{b}{op}{a}={rhs_c}": "swapped",
+                    f"{a} {op} {b} = {rhs_c}": "spaced", f"{b} {op} {a} = {rhs_c}": "both"}.get(line_s)
+            assert form is not None, (line_s, line_c)
+            if op == "-":
+                assert form in ("canonical", "spaced")
+            forms["-" if op == "-" else "+*"].append(form)
+    lines = forms["+*"] + forms["-"]
+    assert abs(lines.count("canonical") / len(lines) - 0.85) < 0.025
+    for other in ("swapped", "spaced", "both"):
+        assert 0.03 <= forms["+*"].count(other) / len(forms["+*"]) <= 0.07, other
+    assert abs(forms["-"].count("spaced") / len(forms["-"]) - 0.15) < 0.04
+    assert SKEWED_ALIGNED.parent == VARIED and SKEWED_ALIGNED.alignment.style == "skewed"
+    assert SKEWED_ALIGNED.alignment.slip_rate == 0.0
+
+
+def test_the_varied_stream_is_unchanged_by_the_skewed_style():
+    """`varied` and `varied_aligned` are cached by recipe hash, not by their data: their stream must stay as it was
+    built (the first solutions of seed 0, written down when the skewed style was added)."""
+    from literl.testbed.tasks import problem_stream
+
+    stream = problem_stream(split="train", seed=0, style="varied")
+    first = [next(stream)["solution"] for _ in range(3)]
+    assert first == ["9+5=14\n\\boxed{14}", "6*3=18\n18 + 53 = 71\n7+71=78\n78+3=81\n\\boxed{81}",
+                     "5 - 3 = 2\n2-2=0\n0+6=6\n\\boxed{6}"]
