@@ -22,7 +22,8 @@ from literl.arena.plots import Panel
 from literl.arena.runs import RunRecord
 from literl.arena.spec import MECHANISM_SECTIONS
 from literl.arena.stats import SCORES
-from literl.arena.summary import format_cell, format_detectable, format_fragility
+from literl.arena.summary import (EVAL_NOISE_NOTABLE, format_cell, format_detectable, format_eval_noise,
+                                  format_fragility)
 from literl.data.files import write_text_atomic
 
 CSS = """
@@ -204,8 +205,12 @@ def _verdict_html(entry: dict) -> str:
     detectable = f"<br><span class='note'>{_e(detectable)}</span>" if detectable else ""
     fragile = format_fragility(entry)
     fragile = f"<br><span class='few'>{_e(fragile)}</span>" if fragile else ""
+    noise = format_eval_noise(entry)
+    if noise:
+        notable = entry["eval_noise"]["share"] >= EVAL_NOISE_NOTABLE
+        noise = f"<br><span class='{'few' if notable else 'note'}'>{_e(noise)}</span>"
     return (f"{entry['mean_diff']:+.3f}{ci} <span class='{css}'>{_e(entry['verdict'])}</span>{fragile}{t_ci}"
-            f"{detectable}")
+            f"{detectable}{noise}")
 
 
 def _statistics_section(summary: dict) -> str:
@@ -228,6 +233,9 @@ def _statistics_section(summary: dict) -> str:
         parts.append(_table(["variant", "scenario", "pairs", "Δ final", "Δ best", "Δ AUC"], rows))
         parts.append("<p class='note'>Scenario <code>all</code> pools the scenarios: one pair per seed, that "
                      "seed's differences averaged over the scenarios.</p>")
+        if any("eval_noise" in c["final"] for c in summary["comparisons"]):
+            parts.append(f"<p class='note'><b>Evaluation noise</b> (Δ final): "
+                         f"{_e(summary['intervals'].get('eval_noise', ''))}.</p>")
     missing = summary["runs"]["missing"]
     if missing:
         items = "".join(f"<li>{_e(m['variant'])}/{_e(m['scenario'])}/seed_{m['seed']}: {_e(m['reason'])}</li>"

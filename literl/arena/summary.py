@@ -38,7 +38,7 @@ def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[s
     so that runs which never finished are named in `runs.missing` instead of silently shrinking n.
     `metric_source` "train" scores a per-step training metric (metrics.jsonl) instead of a held-out one: its
     final is the last step's value, its AUC the mean over the steps."""
-    scores, per_run, missing = _score_runs(records, metric, expected, metric_source)
+    scores, per_run, missing, noise = _score_runs(records, metric, expected, metric_source)
     where = "eval.jsonl" if metric_source == "eval" else "metrics.jsonl (every training step)"
     what = "evaluations (the one before training included)" if metric_source == "eval" else "logged steps"
     cells = [_cell(v, s, scores, confidence) for s in scenarios for v in variants]
@@ -46,7 +46,7 @@ def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[s
     if baseline is not None:
         for variant in (v for v in variants if v != baseline):
             for scenario in [*scenarios, *([ALL_SCENARIOS] if len(scenarios) > 1 else [])]:
-                comparisons.append(_comparison(variant, baseline, scenario, scores, confidence))
+                comparisons.append(_comparison(variant, baseline, scenario, scores, confidence, noise))
     return {
         "name": name, "metric": metric, "metric_source": metric_source, "higher_is_better": True,
         "confidence": confidence, "baseline": baseline, "variants": list(variants), "scenarios": list(scenarios),
@@ -59,14 +59,26 @@ def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[s
                                      "; t_ci_* is the paired t interval",
                       "verdict": "helps if the bootstrap interval lies above 0, hurts if below, else no "
                                  "detectable difference",
-                      "detectable": stats.DETECTION_METHOD},
+                      "detectable": stats.DETECTION_METHOD,
+                      "eval_noise": EVAL_NOISE_METHOD},
         "runs": {"expected": len(per_run) + len(missing), "used": len(per_run), "missing": missing},
         "per_run": per_run, "cells": cells, "comparisons": comparisons,
     }
 
 
+def final_sampling_se(record: RunRecord, metric: str) -> float | None:
+    """The response-sampling standard error of `metric` at the run's last evaluation, when its evaluation logged
+    one (`<metric>_sampling_se`, from `eval.samples` >= 2; literl.evaluation.metrics.sampling_standard_error)."""
+    rows = [r for r in record.evals if metric in r and "step" in r]
+    if not rows:
+        return None
+    value = max(rows, key=lambda r: int(r["step"])).get(f"{metric}_sampling_se")
+    return float(value) if value is not None else None
+
+
 def _score_runs(records, metric, expected, source="eval"):
     scores: dict[tuple[str, str], dict[int, dict]] = {}
+    noise: dict[tuple[str, str], dict[int, float]] = {}
     per_run, missing, seen = [], [], set()
     for record in records:
         seen.add(Path(record.directory))
@@ -76,12 +88,16 @@ def _score_runs(records, metric, expected, source="eval"):
             missing.append(_missing(record.variant, record.scenario, record.seed, record.directory, reason))
             continue
         scores.setdefault((record.variant, record.scenario), {})[record.seed] = result
+        sampling_se = final_sampling_se(record, metric) if source == "eval" else None
+        if sampling_se is not None:
+            noise.setdefault((record.variant, record.scenario), {})[record.seed] = sampling_se
         per_run.append({"variant": record.variant, "scenario": record.scenario, "seed": record.seed,
-                        "directory": str(record.directory), **result})
+                        "directory": str(record.directory), **result,
+                        **({"final_sampling_se": sampling_se} if sampling_se is not None else {})})
     for variant, scenario, seed, directory in expected:
         if Path(directory) not in seen:
             missing.append(_missing(variant, scenario, seed, directory, "not run"))
-    return scores, per_run, missing
+    return scores, per_run, missing, noise
 
 
 def _why_unscored(record: RunRecord, metric: str, source: str = "eval") -> str:
@@ -114,7 +130,8 @@ def _cell(variant: str, scenario: str, scores: dict, confidence: float) -> dict:
     return cell
 
 
-def _comparison(variant: str, baseline: str, scenario: str, scores: dict, confidence: float) -> dict:
+def _comparison(variant: str, baseline: str, scenario: str, scores: dict, confidence: float,
+                noise: dict | None = None) -> dict:
     out = {"variant": variant, "baseline": baseline, "scenario": scenario}
     for score in stats.SCORES:
         if scenario == ALL_SCENARIOS:
@@ -123,7 +140,43 @@ def _comparison(variant: str, baseline: str, scenario: str, scores: dict, confid
             paired = tuple({seed: result[score] for seed, result in scores.get((v, scenario), {}).items()}
                            for v in (variant, baseline))
         out[score] = stats.compare(*paired, confidence)
+    share = _final_eval_noise(variant, baseline, scenario, scores, noise or {}, out["final"])
+    if share is not None:
+        out["final"]["eval_noise"] = share
     return out
+
+
+EVAL_NOISE_METHOD = ("for Δ final: sampling_variance = the mean over the paired seeds of se_variant² + "
+                     "se_baseline², each the response-sampling standard error of its run's last evaluation (problems fixed; a "
+                     "pooled comparison averages its seed's scenarios, so Σ se² / S²), against observed_variance = "
+                     "s_d² of the paired differences; share = their ratio (above ~0.5 the minimum detectable effect "
+                     "is mostly evaluation noise: more eval.samples or eval.limit shrink it at no cost in training)")
+EVAL_NOISE_NOTABLE = 0.5
+
+
+def _final_eval_noise(variant: str, baseline: str, scenario: str, scores: dict, noise: dict,
+                      final: dict) -> dict | None:
+    """How much of Δ final's paired variance the evaluations' response sampling explains (EVAL_NOISE_METHOD);
+    None when a paired run logged no sampling SE, or the differences have no spread (< 2 pairs, or all equal).
+
+    Two runs evaluated on the same problems with K samples each differ, even when their policies are equal, by
+    noise of variance se_a² + se_b²; when that is most of s_d², the seeds agree better than the verdict shows."""
+    observed = final.get("sd_diff")
+    if observed is None or observed <= stats.FLOAT_NOISE:
+        return None
+    scenarios = ([s for (v, s) in scores if v == baseline] if scenario == ALL_SCENARIOS else [scenario])
+    variances = []
+    for seed in final["pairs"]:       # the paired keys are seeds, in a scenario and pooled alike
+        both = [s for s in scenarios if seed in scores.get((variant, s), {}) and seed in scores.get((baseline, s), {})]
+        try:
+            total = sum(noise[(variant, s)][seed] ** 2 + noise[(baseline, s)][seed] ** 2 for s in both)
+        except KeyError:
+            return None
+        variances.append(total / len(both) ** 2)
+    if not variances:
+        return None
+    sampling = sum(variances) / len(variances)
+    return {"sampling_variance": sampling, "observed_variance": observed ** 2, "share": sampling / observed ** 2}
 
 
 def _seed_means_over_scenarios(variant: str, baseline: str, scores: dict, score: str) -> tuple[dict, dict]:
@@ -190,11 +243,22 @@ def format_fragility(entry: dict) -> str:
 VERDICT_STYLE = {stats.HELPS: "green", stats.HURTS: "red", stats.NO_DIFFERENCE: "dim", stats.TOO_FEW: "yellow"}
 
 
+def format_eval_noise(entry: dict) -> str:
+    """'evaluation noise 86% of s_d²' for a Δ final whose runs logged their sampling SE ('' otherwise)."""
+    noise = entry.get("eval_noise")
+    if noise is None:
+        return ""
+    return f"evaluation noise {100 * noise['share']:.0f}% of s_d²"
+
+
 def _comparison_cell(entry: dict) -> str:
-    """One score's cell of the terminal's comparisons table: Δ [interval], verdict, fragility mark, MDE."""
-    fragile = format_fragility(entry)
+    """One score's cell of the terminal's comparisons table: Δ [interval], verdict, fragility mark, MDE, and (Δ
+    final) the evaluation noise's share of its variance, in yellow where it is most of it."""
+    fragile, noise = format_fragility(entry), format_eval_noise(entry)
+    notable = noise and entry["eval_noise"]["share"] >= EVAL_NOISE_NOTABLE
     return (f"{_fmt_diff(entry)}\n[{VERDICT_STYLE[entry['verdict']]}]{entry['verdict']}[/]"
-            + (f"\n[yellow]{fragile}[/]" if fragile else "") + f"\n[dim]{format_detectable(entry)}[/]")
+            + (f"\n[yellow]{fragile}[/]" if fragile else "") + f"\n[dim]{format_detectable(entry)}[/]"
+            + (f"\n[{'yellow' if notable else 'dim'}]{noise}[/]" if noise else ""))
 
 
 def print_summary(summary: dict, console=None) -> None:
@@ -222,6 +286,11 @@ def print_summary(summary: dict, console=None) -> None:
             table.add_row(escape(comp["variant"]), escape(comp["scenario"]), str(comp["final"]["n_pairs"]),
                           *(_comparison_cell(comp[s]) for s in stats.SCORES))
         console.print(table)
+        if any(comp["final"].get("eval_noise", {}).get("share", 0) >= EVAL_NOISE_NOTABLE
+               for comp in summary["comparisons"]):
+            console.print("[yellow]Δ final is mostly evaluation noise where marked: two runs scored on the same "
+                          "problems differ by their samples alone. More eval.samples or eval.limit shrink the MDE "
+                          "without more seeds (docs/arena.md, \"Evaluation noise\").[/]")
     missing = summary["runs"]["missing"]
     if missing:
         console.print(f"[yellow]{len(missing)} of {summary['runs']['expected']} runs missing from these "

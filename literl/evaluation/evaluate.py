@@ -13,8 +13,11 @@ plus one record per problem. pass@1 equals avg@K (the unbiased estimator with k 
 
 Standard errors (`standard_error`, per benchmark): of avg@K, the standard error of the mean of the per-problem
 averages p_i = c_i / K, sqrt(Σ_i (p_i − avg@K)² / (N (N − 1))), which covers the sampling of problems and of
-responses (problems are clusters). `mean` (with more than one benchmark): the unweighted mean of avg@K over the
-benchmarks, as papers report their average, with SE sqrt(Σ_b SE_b²) / B. `metrics.SE_METHOD` states it.
+responses (problems are clusters). `sampling_standard_error`: the responses' part alone, the problems fixed,
+sqrt(Σ_i p_i (1 − p_i) / (K − 1)) / N — the noise that separates two policies scored on the same problems even
+when they are equal (the arena compares its runs against it, docs/arena.md "Evaluation noise"). `mean` (with more
+than one benchmark): the unweighted mean of avg@K over the benchmarks, as papers report their average, with SE
+sqrt(Σ_b SE_b²) / B. `metrics.SE_METHOD` and `metrics.SAMPLING_SE_METHOD` state them.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import torch
 
 from literl.data.files import write_json_atomic
 from literl.data.prompts import render_prompt, resolve_template
-from literl.evaluation.metrics import (SE_METHOD, avg_at_k, k_values, maj_at_k, mean_with_standard_error, pass_at_k,
+from literl.evaluation.metrics import (SAMPLING_SE_METHOD, SE_METHOD, avg_at_k, k_values, maj_at_k,
+                                      mean_with_standard_error, pass_at_k, sampling_standard_error,
                                       standard_error_of_mean)
 from literl.rewards.math_answer import extract_final_answer, math_accuracy
 from literl.rollout.generator import Generator, SamplingParams
@@ -83,6 +87,7 @@ def evaluate(generator: Generator, tokenizer: Any, benchmarks: Mapping[str, Sequ
                                                [b["standard_error"][key] for b in results.values()])
         result["mean"] = {"benchmarks": list(results), key: mean, "standard_error": {key: error}}
     result["settings"]["standard_error"] = SE_METHOD
+    result["settings"]["sampling_standard_error"] = SAMPLING_SE_METHOD
     if output_path is not None:
         write_json_atomic(output_path, result)
     return result
@@ -140,6 +145,8 @@ def _summarise(records: list[dict], samples: int) -> dict[str, Any]:
         "samples": samples,
         "metrics": metrics,
         "standard_error": {f"avg@{samples}": standard_error_of_mean(per_problem)},
+        "sampling_standard_error": {f"avg@{samples}": sampling_standard_error([r["num_correct"] for r in records],
+                                                                          samples)},
         "mean_response_tokens": sum(sum(r["response_tokens"]) for r in records) / total,
         "truncation_rate": sum(sum(r["truncated"]) for r in records) / total,
         "no_answer_rate": sum(sum(a is None for a in r["extracted"]) for r in records) / total,
@@ -158,6 +165,9 @@ def flat_metrics(result: Mapping[str, Any], prefix: str = "eval") -> dict[str, f
         for key, value in bench.get("standard_error", {}).items():
             if value is not None:
                 flat[f"{prefix}/{name}/{key}_se"] = float(value)
+        for key, value in bench.get("sampling_standard_error", {}).items():
+            if value is not None:
+                flat[f"{prefix}/{name}/{key}_sampling_se"] = float(value)
     return flat
 
 

@@ -97,6 +97,30 @@ def standard_error_of_mean(values: Sequence[float]) -> float | None:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n * (n - 1)))
 
 
+SAMPLING_SE_METHOD = ("standard error of avg@K from the sampling of responses alone, the problems held fixed: "
+                      "sqrt(sum_i p_i (1 - p_i) / (K - 1)) / N over the N problems' p_i = c_i / K (Miller 2024, "
+                      "arXiv:2411.00640, §3: the conditional variance given the questions; p_i (1 - p_i) / (K - 1) "
+                      "is the unbiased estimate of Var(c_i / K)); None for K < 2. Two runs scored on the same "
+                      "problems differ by noise of variance se_a^2 + se_b^2 even when their policies are equal")
+
+
+def sampling_standard_error(num_correct: Sequence[int], samples: int) -> float | None:
+    """The standard error of avg@K that comes from which K responses each problem drew, the N problems fixed.
+
+    sqrt(Σ_i p_i (1 − p_i) / (K − 1)) / N with p_i = c_i / K; None when K < 2 (one sample per problem says nothing
+    of its spread) or N = 0. This is the part of the noise of a paired difference between two runs evaluated on
+    the same problems that a larger evaluation removes (SAMPLING_SE_METHOD). c = [1, 3], K = 4: p = 0.25, 0.75,
+    Σ p (1 − p) / 3 = (0.1875 + 0.1875) / 3 = 0.125, sqrt(0.125) / 2 = 0.17678.
+    """
+    n = len(num_correct)
+    if samples < 2 or n == 0:
+        return None
+    if any(not 0 <= c <= samples for c in num_correct):
+        raise ValueError(f"num_correct must lie in [0, samples={samples}] (got {list(num_correct)})")
+    spread = sum((c / samples) * (1 - c / samples) for c in num_correct) / (samples - 1)
+    return math.sqrt(spread) / n
+
+
 def mean_with_standard_error(means: Sequence[float], errors: Sequence[float | None]) -> tuple[float, float | None]:
     """The unweighted mean of B benchmark scores (as papers report their 'average') and its standard error
     sqrt(Σ SE_b²) / B, treating the benchmarks as independent; the SE is None when any SE_b is."""

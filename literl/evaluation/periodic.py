@@ -51,6 +51,9 @@ def build_evaluator(cfg, *, tokenizer) -> Callable:
                                       progress=lambda _b, done, _t, a=advance: a(done))
                 bench = result["benchmarks"][name]
                 out[f"{name}/{label}accuracy"] = float(bench["metrics"][f"avg@{k}"])
+                sampling_se = bench["sampling_standard_error"][f"avg@{k}"]
+                if sampling_se is not None:     # K >= 2: the noise the arena weighs its paired differences against
+                    out[f"{name}/{label}accuracy_sampling_se"] = float(sampling_se)
                 if not label:
                     out.update({k2.removeprefix("eval/"): v for k2, v in flat_metrics(result).items()})
         return out

@@ -14,9 +14,11 @@ TRAIN_KEYS = ("reward/mean", "entropy/mean", "response_length/mean", "policy_los
 
 
 def write_run(directory: Path, accuracy: Sequence[float], *, eval_every: int = 5, seed: int = 0,
-              finished: bool = True, metric: str = "testbed/accuracy", clipped: dict | None = None) -> Path:
+              finished: bool = True, metric: str = "testbed/accuracy", clipped: dict | None = None,
+              sampling_se: float | None = None) -> Path:
     """A run whose held-out `metric` is accuracy[k] at step k·eval_every (k = 0 is 'before', the last
-    'after'); per-step training metrics are smooth functions of the step so that plots have data."""
+    'after'); per-step training metrics are smooth functions of the step so that plots have data. With
+    `sampling_se`, every evaluation also logs `<metric>_sampling_se` (as evaluations with K >= 2 samples do)."""
     directory.mkdir(parents=True, exist_ok=True)
     steps = eval_every * (len(accuracy) - 1)
     (directory / "config.yaml").write_text(f"seed: {seed}\ntrainer:\n  steps: {steps}\n")
@@ -27,8 +29,11 @@ def write_run(directory: Path, accuracy: Sequence[float], *, eval_every: int = 5
     with open(directory / "eval.jsonl", "w") as f:
         for k, value in enumerate(accuracy):
             tag = "before" if k == 0 else ("after" if k == len(accuracy) - 1 else f"step_{k * eval_every}")
-            f.write(json.dumps({"step": k * eval_every, "tag": tag, metric: value,
-                                metric.replace("accuracy", "greedy_accuracy"): value + 0.05}) + "\n")
+            row = {"step": k * eval_every, "tag": tag, metric: value,
+                   metric.replace("accuracy", "greedy_accuracy"): value + 0.05}
+            if sampling_se is not None:
+                row[f"{metric}_sampling_se"] = sampling_se
+            f.write(json.dumps(row) + "\n")
     if finished:
         clipped = clipped or {"low": [{"token": " but", "id": 5, "count": 3}],
                               "high": [{"token": "\n", "id": 1, "count": 7}, {"token": "is", "id": 9, "count": 2}]}

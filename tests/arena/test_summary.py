@@ -29,14 +29,15 @@ def curve(final: float) -> list[float]:
     return [0.3, final, final]
 
 
-def make_ablation(out, skip=()):
+def make_ablation(out, skip=(), sampling_se=None):
     spec = parse_spec(SPEC, source="handmade.yaml")
     runs = spec.plan(out)
     for run in runs:
         if (run.variant, run.scenario, run.seed) in skip:
             continue
         offset = 0.1 if run.scenario == "s2" else 0.0
-        write_run(run.directory, curve(FINAL[run.variant][run.seed] + offset), seed=run.seed)
+        write_run(run.directory, curve(FINAL[run.variant][run.seed] + offset), seed=run.seed,
+                  sampling_se=(sampling_se or {}).get(run.variant))
     ablation.record_plan(out, spec, runs)
     return spec, runs
 
@@ -199,3 +200,38 @@ def test_the_terminal_and_the_report_mark_a_fragile_verdict(tmp_path):
     console = Console(width=200, record=True)
     print_summary(summary, console)
     assert "fragile: t interval includes 0" in console.export_text()
+
+
+def test_the_evaluation_noise_share_of_delta_final_is_its_runs_sampling_variance_over_the_observed_one(tmp_path):
+    """Runs logging their response-sampling SE: base 0.01, every other variant 0.02, so each pair carries sampling
+    variance 0.02² + 0.01² = 5e-4. better − base in s1: diffs 0.09, 0.10, 0.11, s_d = 0.01, s_d² = 1e-4: share 5.0
+    (the seeds agree far better than two noisy evaluations could show). same − base: diffs −0.02, 0, 0.02,
+    s_d² = 4e-4: share 1.25. Pooled over s1, s2 (the same diffs, + 0.1 on both arms): a seed's mean over two
+    scenarios has sampling variance 2 · 5e-4 / 2² = 2.5e-4, against s_d² 1e-4: share 2.5. Without logged SEs (runs
+    written before evaluations logged them) there is no share."""
+    from rich.console import Console
+
+    from literl.arena.report import _verdict_html
+
+    make_ablation(tmp_path, sampling_se={"base": 0.01, "better": 0.02, "worse": 0.02, "same": 0.02})
+    summary = ablation.summarize_ablation(tmp_path, report=False)
+    better = comparison(summary, "better", "s1")["final"]["eval_noise"]
+    assert better["sampling_variance"] == pytest.approx(5e-4)
+    assert better["observed_variance"] == pytest.approx(1e-4)
+    assert better["share"] == pytest.approx(5.0)
+    assert comparison(summary, "same", "s1")["final"]["eval_noise"]["share"] == pytest.approx(1.25)
+    assert comparison(summary, "better", "all")["final"]["eval_noise"]["share"] == pytest.approx(2.5)
+    assert "eval_noise" not in comparison(summary, "better", "s1")["auc"], "only Δ final is one evaluation"
+    run = next(r for r in summary["per_run"] if r["variant"] == "better")
+    assert run["final_sampling_se"] == 0.02
+    console = Console(width=200, record=True)
+    print_summary(summary, console)
+    text = console.export_text()
+    assert "evaluation noise 500% of s_d²" in text and "mostly evaluation noise" in text
+    assert "evaluation noise 500% of s_d²" in _verdict_html(comparison(summary, "better", "s1")["final"])
+
+    plain = summarize_handmade(tmp_path / "without")
+    assert all("eval_noise" not in c["final"] for c in plain["comparisons"])
+    console = Console(width=200, record=True)
+    print_summary(plain, console)
+    assert "evaluation noise" not in console.export_text()

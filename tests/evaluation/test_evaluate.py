@@ -97,6 +97,11 @@ def test_standard_errors_per_benchmark_and_the_mean_over_benchmarks(char_tokeniz
     assert "per-problem averages" in result["settings"]["standard_error"]
     assert json.loads((tmp_path / "eval.json").read_text())["mean"] == result["mean"]
     assert flat_metrics(result)["eval/other/avg@4_se"] == pytest.approx(7 ** 0.5 / 12)
+    # the responses' part alone, problems fixed: toy p = [1/2, 0], Σ p (1 − p) / 3 = 1/12, sqrt(1/12) / 2 = 0.144338;
+    # other p = [3/4, 1, 1/4], Σ p (1 − p) / 3 = (3/16 + 0 + 3/16) / 3 = 1/8, sqrt(1/8) / 3 = 0.117851
+    assert toy["sampling_standard_error"]["avg@4"] == pytest.approx((1 / 12) ** 0.5 / 2)
+    assert flat_metrics(result)["eval/other/avg@4_sampling_se"] == pytest.approx((1 / 8) ** 0.5 / 3)
+    assert "problems held fixed" in result["settings"]["sampling_standard_error"]
     table = results_table(result)
     assert table.row_count == 3 and table.columns[2].header == "avg@4 ± SE"
     assert list(table.columns[2].cells) == ["25.0 ± 25.0", "66.7 ± 22.0", "45.8 ± 16.7"]

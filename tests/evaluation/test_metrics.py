@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from literl.evaluation.metrics import avg_at_k, k_values, maj_at_k, pass_at_k
+from literl.evaluation.metrics import avg_at_k, k_values, maj_at_k, pass_at_k, sampling_standard_error
 
 PASS_AT_K_CASES = [
     # (n, c, k, expected, arithmetic)
@@ -67,3 +67,16 @@ def test_k_values():
     assert k_values(4) == [1, 2, 4]
     assert k_values(6) == [1, 2, 4, 6]
     assert k_values(8) == [1, 2, 4, 8]
+
+
+def test_sampling_standard_error_is_the_responses_part_of_avg_at_k_noise_with_problems_fixed():
+    """c = [1, 3] of K = 4: p = 0.25, 0.75, Σ p (1 − p) / (K − 1) = 0.375 / 3 = 0.125, / N = 2: sqrt(0.125) / 2
+    = 0.176777. Problems always or never solved add nothing: c = [0, 4] -> 0. One sample per problem, or no
+    problem, says nothing of the spread: None."""
+    assert sampling_standard_error([1, 3], 4) == pytest.approx(math.sqrt(0.125) / 2)
+    assert sampling_standard_error([0, 4], 4) == 0.0
+    assert sampling_standard_error([1], 2) == pytest.approx(0.5)     # p = 0.5: sqrt(0.25 / (K − 1 = 1)) / 1
+    assert sampling_standard_error([1, 0], 1) is None
+    assert sampling_standard_error([], 4) is None
+    with pytest.raises(ValueError, match="num_correct"):
+        sampling_standard_error([5], 4)

@@ -163,6 +163,9 @@ def test_run_directory_holds_config_metrics_samples_and_eval(tiny_qwen3_dir, tmp
     evals = read_metrics(run_dir, "eval.jsonl")
     assert [e["tag"] for e in evals] == ["before", "after"]
     assert 0.0 <= evals[-1]["testbed/accuracy"] <= 1.0
+    # eval.samples=2 on 4 problems: the response-sampling SE the arena weighs Δ final against, at most
+    # sqrt(4 · 0.25 / (2 − 1)) / 4 = 0.25 (every problem at p = 1/2)
+    assert 0.0 <= evals[-1]["testbed/accuracy_sampling_se"] <= 0.25
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     AutoModelForCausalLM.from_pretrained(run_dir / "final")
