@@ -147,10 +147,13 @@ def _comparison(variant: str, baseline: str, scenario: str, scores: dict, confid
 
 
 EVAL_NOISE_METHOD = ("for Δ final: sampling_variance = the mean over the paired seeds of se_variant² + "
-                     "se_baseline², each the response-sampling standard error of its run's last evaluation (problems fixed; a "
-                     "pooled comparison averages its seed's scenarios, so Σ se² / S²), against observed_variance = "
-                     "s_d² of the paired differences; share = their ratio (above ~0.5 the minimum detectable effect "
-                     "is mostly evaluation noise: more eval.samples or eval.limit shrink it at no cost in training)")
+                     "se_baseline², each the response-sampling standard error of its run's last evaluation "
+                     "(problems fixed; a pooled comparison averages its seed's scenarios, so Σ se² / S²), against "
+                     "observed_variance = s_d² of the paired differences; share = their ratio (above ~0.5 the "
+                     "minimum detectable effect is mostly evaluation noise: more eval.samples or eval.limit shrink "
+                     "it at no cost in training). It treats the two arms' samples as independent; they share their "
+                     "sampling seed, which correlates them while the policies are close, so a share near or above "
+                     "1 says the evaluation noise alone could explain the spread")
 EVAL_NOISE_NOTABLE = 0.5
 
 
