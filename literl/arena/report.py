@@ -233,8 +233,8 @@ def _statistics_section(summary: dict) -> str:
         parts.append(_table(["variant", "scenario", "pairs", "Δ final", "Δ best", "Δ AUC"], rows))
         parts.append("<p class='note'>Scenario <code>all</code> pools the scenarios: one pair per seed, that "
                      "seed's differences averaged over the scenarios.</p>")
-        if any("eval_noise" in c["final"] for c in summary["comparisons"]):
-            parts.append(f"<p class='note'><b>Evaluation noise</b> (Δ final): "
+        if any("eval_noise" in c[score] for c in summary["comparisons"] for score in ("final", "auc")):
+            parts.append(f"<p class='note'><b>Evaluation noise</b> (Δ final, Δ AUC): "
                          f"{_e(summary['intervals'].get('eval_noise', ''))}.</p>")
     missing = summary["runs"]["missing"]
     if missing:

@@ -85,6 +85,19 @@ def area_under_curve(steps: Sequence[float], values: Sequence[float]) -> float:
     return float(area / span)
 
 
+def trapezoid_weights(steps: Sequence[float]) -> list[float]:
+    """w_k with area_under_curve(steps, y) = Σ_k w_k · y_k: half of each neighbouring interval, over the span.
+
+    steps 0, 5, 10: (2.5, 5, 2.5) / 10 = 0.25, 0.5, 0.25. One step: [1.0]."""
+    if len(steps) == 1:
+        return [1.0]
+    span = steps[-1] - steps[0]
+    if span <= 0:
+        raise ValueError(f"trapezoid_weights needs increasing steps, got {list(steps)}")
+    return [((steps[k] - steps[k - 1] if k > 0 else 0) + (steps[k + 1] - steps[k] if k + 1 < len(steps) else 0))
+            / 2 / span for k in range(len(steps))]
+
+
 def curve_scores(steps: Sequence[float], values: Sequence[float]) -> dict[str, float]:
     """final, best and auc of one run's accuracy curve (steps ascending)."""
     return {"final": float(values[-1]), "best": float(max(values)), "auc": area_under_curve(steps, values)}

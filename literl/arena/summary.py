@@ -66,19 +66,20 @@ def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[s
     }
 
 
-def final_sampling_se(record: RunRecord, metric: str) -> float | None:
-    """The response-sampling standard error of `metric` at the run's last evaluation, when its evaluation logged
-    one (`<metric>_sampling_se`, from `eval.samples` >= 2; literl.evaluation.metrics.sampling_standard_error)."""
-    rows = [r for r in record.evals if metric in r and "step" in r]
-    if not rows:
+def sampling_se_curve(record: RunRecord, metric: str) -> dict | None:
+    """{steps, values, se} of the run's evaluations of `metric` with the response-sampling standard error each
+    logged (`<metric>_sampling_se`, from `eval.samples` >= 2; literl.evaluation.metrics.sampling_standard_error);
+    None when any evaluation lacks it (runs from before it was logged, or K = 1)."""
+    steps, values = record.eval_curve(metric)
+    se_steps, se = record.eval_curve(f"{metric}_sampling_se")
+    if not steps or se_steps != steps:
         return None
-    value = max(rows, key=lambda r: int(r["step"])).get(f"{metric}_sampling_se")
-    return float(value) if value is not None else None
+    return {"steps": steps, "values": values, "se": se}
 
 
 def _score_runs(records, metric, expected, source="eval"):
     scores: dict[tuple[str, str], dict[int, dict]] = {}
-    noise: dict[tuple[str, str], dict[int, float]] = {}
+    noise: dict[tuple[str, str], dict[int, dict]] = {}
     per_run, missing, seen = [], [], set()
     for record in records:
         seen.add(Path(record.directory))
@@ -88,12 +89,12 @@ def _score_runs(records, metric, expected, source="eval"):
             missing.append(_missing(record.variant, record.scenario, record.seed, record.directory, reason))
             continue
         scores.setdefault((record.variant, record.scenario), {})[record.seed] = result
-        sampling_se = final_sampling_se(record, metric) if source == "eval" else None
-        if sampling_se is not None:
-            noise.setdefault((record.variant, record.scenario), {})[record.seed] = sampling_se
+        curve = sampling_se_curve(record, metric) if source == "eval" else None
+        if curve is not None:
+            noise.setdefault((record.variant, record.scenario), {})[record.seed] = curve
         per_run.append({"variant": record.variant, "scenario": record.scenario, "seed": record.seed,
                         "directory": str(record.directory), **result,
-                        **({"final_sampling_se": sampling_se} if sampling_se is not None else {})})
+                        **({"final_sampling_se": curve["se"][-1]} if curve is not None else {})})
     for variant, scenario, seed, directory in expected:
         if Path(directory) not in seen:
             missing.append(_missing(variant, scenario, seed, directory, "not run"))
@@ -140,44 +141,64 @@ def _comparison(variant: str, baseline: str, scenario: str, scores: dict, confid
             paired = tuple({seed: result[score] for seed, result in scores.get((v, scenario), {}).items()}
                            for v in (variant, baseline))
         out[score] = stats.compare(*paired, confidence)
-    share = _final_eval_noise(variant, baseline, scenario, scores, noise or {}, out["final"])
-    if share is not None:
-        out["final"]["eval_noise"] = share
+        if score in EVAL_NOISE_SCORES:
+            share = _eval_noise(variant, baseline, scenario, scores, noise or {}, out[score], score)
+            if share is not None:
+                out[score]["eval_noise"] = share
     return out
 
 
-EVAL_NOISE_METHOD = ("for Δ final: sampling_variance = the mean over the paired seeds of se_variant² + "
-                     "se_baseline², each the response-sampling standard error of its run's last evaluation "
-                     "(problems fixed; a pooled comparison averages its seed's scenarios, so Σ se² / S²), against "
-                     "observed_variance = s_d² of the paired differences; share = their ratio (above ~0.5 the "
-                     "minimum detectable effect is mostly evaluation noise: more eval.samples or eval.limit shrink "
-                     "it at no cost in training). It treats the two arms' samples as independent; they share their "
-                     "sampling seed, which correlates them while the policies are close, so a share near or above "
-                     "1 says the evaluation noise alone could explain the spread")
+EVAL_NOISE_SCORES = ("final", "auc")
+EVAL_NOISE_METHOD = ("sampling_variance = the mean over the paired seeds of the variance that the two runs' "
+                     "response sampling alone gives their difference: for Δ final se_variant² + se_baseline² at the "
+                     "last evaluation, for Δ AUC Σ_k w_k² (se_variant,k² + se_baseline,k²) over the evaluations "
+                     "with the trapezoid weights w_k of the AUC (the evaluation before training, when both runs scored "
+                     "it identically, is one shared sample and adds nothing); each se is the evaluation's "
+                     "response-sampling standard error, the problems fixed; a pooled comparison averages its seed's "
+                     "scenarios (Σ / S²). observed_variance = s_d² of the paired differences; share = their ratio: "
+                     "above ~0.5 the minimum detectable effect is mostly evaluation noise, which more eval.samples "
+                     "or eval.limit shrink at no cost in training. The two arms are treated as independent; they "
+                     "share their sampling seed, which correlates them while the policies are close, so a share "
+                     "near or above 1 says the evaluation noise alone could explain the spread")
 EVAL_NOISE_NOTABLE = 0.5
 
 
-def _final_eval_noise(variant: str, baseline: str, scenario: str, scores: dict, noise: dict,
-                      final: dict) -> dict | None:
-    """How much of Δ final's paired variance the evaluations' response sampling explains (EVAL_NOISE_METHOD);
-    None when a paired run logged no sampling SE, or the differences have no spread (< 2 pairs, or all equal).
+def _pair_sampling_variance(a: dict, b: dict, score: str) -> float | None:
+    """The variance response sampling gives score(a) − score(b) for two runs' evaluation curves (None when they
+    were evaluated at different steps)."""
+    if a["steps"] != b["steps"]:
+        return None
+    # The evaluation before training is one sample when both arms start from the same policy and sampling seed
+    # (scored identically): it adds nothing to the difference. Later ones are separate, even if equal by chance.
+    per_step = [0.0 if step == 0 and va == vb else sa ** 2 + sb ** 2
+                for step, va, vb, sa, sb in zip(a["steps"], a["values"], b["values"], a["se"], b["se"])]
+    if score == "final":
+        return per_step[-1]
+    return sum(w * w * v for w, v in zip(stats.trapezoid_weights(a["steps"]), per_step))
+
+
+def _eval_noise(variant: str, baseline: str, scenario: str, scores: dict, noise: dict, entry: dict,
+                score: str) -> dict | None:
+    """How much of a Δ's paired variance the evaluations' response sampling explains (EVAL_NOISE_METHOD); None
+    when a paired run logged no sampling SE, or the differences have no spread (< 2 pairs, or all equal).
 
     Two runs evaluated on the same problems with K samples each differ, even when their policies are equal, by
     noise of variance se_a² + se_b²; when that is most of s_d², the seeds agree better than the verdict shows."""
-    observed = final.get("sd_diff")
+    observed = entry.get("sd_diff")
     if observed is None or observed <= stats.FLOAT_NOISE:
         return None
     scenarios = ([s for (v, s) in scores if v == baseline] if scenario == ALL_SCENARIOS else [scenario])
     variances = []
-    for seed in final["pairs"]:       # the paired keys are seeds, in a scenario and pooled alike
+    for seed in entry["pairs"]:       # the paired keys are seeds, in a scenario and pooled alike
         both = [s for s in scenarios if seed in scores.get((variant, s), {}) and seed in scores.get((baseline, s), {})]
         try:
-            total = sum(noise[(variant, s)][seed] ** 2 + noise[(baseline, s)][seed] ** 2 for s in both)
+            parts = [_pair_sampling_variance(noise[(variant, s)][seed], noise[(baseline, s)][seed], score)
+                     for s in both]
         except KeyError:
             return None
-        variances.append(total / len(both) ** 2)
-    if not variances:
-        return None
+        if not parts or any(p is None for p in parts):
+            return None
+        variances.append(sum(parts) / len(parts) ** 2)
     sampling = sum(variances) / len(variances)
     return {"sampling_variance": sampling, "observed_variance": observed ** 2, "share": sampling / observed ** 2}
 
@@ -247,7 +268,7 @@ VERDICT_STYLE = {stats.HELPS: "green", stats.HURTS: "red", stats.NO_DIFFERENCE: 
 
 
 def format_eval_noise(entry: dict) -> str:
-    """'evaluation noise 86% of s_d²' for a Δ final whose runs logged their sampling SE ('' otherwise)."""
+    """'evaluation noise 86% of s_d²' for a Δ final or AUC whose runs logged their sampling SE ('' otherwise)."""
     noise = entry.get("eval_noise")
     if noise is None:
         return ""
@@ -256,7 +277,7 @@ def format_eval_noise(entry: dict) -> str:
 
 def _comparison_cell(entry: dict) -> str:
     """One score's cell of the terminal's comparisons table: Δ [interval], verdict, fragility mark, MDE, and (Δ
-    final) the evaluation noise's share of its variance, in yellow where it is most of it."""
+    final, Δ AUC) the evaluation noise's share of its variance, in yellow where it is most of it."""
     fragile, noise = format_fragility(entry), format_eval_noise(entry)
     notable = noise and entry["eval_noise"]["share"] >= EVAL_NOISE_NOTABLE
     return (f"{_fmt_diff(entry)}\n[{VERDICT_STYLE[entry['verdict']]}]{entry['verdict']}[/]"
@@ -289,9 +310,9 @@ def print_summary(summary: dict, console=None) -> None:
             table.add_row(escape(comp["variant"]), escape(comp["scenario"]), str(comp["final"]["n_pairs"]),
                           *(_comparison_cell(comp[s]) for s in stats.SCORES))
         console.print(table)
-        if any(comp["final"].get("eval_noise", {}).get("share", 0) >= EVAL_NOISE_NOTABLE
-               for comp in summary["comparisons"]):
-            console.print("[yellow]Δ final is mostly evaluation noise where marked: two runs scored on the same "
+        if any(comp[score].get("eval_noise", {}).get("share", 0) >= EVAL_NOISE_NOTABLE
+               for comp in summary["comparisons"] for score in EVAL_NOISE_SCORES):
+            console.print("[yellow]Where marked, Δ is mostly evaluation noise: two runs scored on the same "
                           "problems differ by their samples alone. More eval.samples or eval.limit shrink the MDE "
                           "without more seeds (docs/arena.md, \"Evaluation noise\").[/]")
     missing = summary["runs"]["missing"]

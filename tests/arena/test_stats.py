@@ -91,3 +91,16 @@ def test_compare_pairs_by_key_and_ignores_unpaired_runs():
     assert result["verdict"] == stats.HELPS
     # paired t: mean 0.2, s = 0.141421, t_{1} = 12.706205 → half width 1.270620
     assert result["t_ci_high"] - 0.2 == pytest.approx(12.706205 * 0.141421356 / math.sqrt(2), abs=1e-5)
+
+
+def test_trapezoid_weights_reproduce_the_area_under_the_curve():
+    """steps 0, 5, 10: half of each neighbouring interval over the span, (2.5, 5, 2.5) / 10; uneven steps 0, 2, 10:
+    (1, 5, 4) / 10. Σ w_k y_k is the AUC."""
+    weights = stats.trapezoid_weights([0, 2, 10])
+    assert stats.trapezoid_weights([0, 5, 10]) == pytest.approx([0.25, 0.5, 0.25])
+    assert weights == pytest.approx([0.1, 0.5, 0.4])
+    assert stats.trapezoid_weights([7]) == [1.0]
+    y = [0.3, 0.7, 0.4]
+    assert sum(w * v for w, v in zip(weights, y)) == pytest.approx(stats.area_under_curve([0, 2, 10], y))
+    with pytest.raises(ValueError, match="increasing"):
+        stats.trapezoid_weights([3, 3])

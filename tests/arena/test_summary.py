@@ -208,7 +208,12 @@ def test_the_evaluation_noise_share_of_delta_final_is_its_runs_sampling_variance
     (the seeds agree far better than two noisy evaluations could show). same − base: diffs −0.02, 0, 0.02,
     s_d² = 4e-4: share 1.25. Pooled over s1, s2 (the same diffs, + 0.1 on both arms): a seed's mean over two
     scenarios has sampling variance 2 · 5e-4 / 2² = 2.5e-4, against s_d² 1e-4: share 2.5. Without logged SEs (runs
-    written before evaluations logged them) there is no share."""
+    written before evaluations logged them) there is no share.
+
+    Δ AUC: the curves are 0.3, f, f at steps 0, 5, 10, so AUC = 0.075 + 0.75 f and better − base's AUC diffs are
+    0.75 × (0.09, 0.10, 0.11): s_d² = 0.0075² = 5.625e-5. The shared evaluation before training (0.3 in both arms)
+    is one sample and adds nothing; steps 5 and 10 weigh 0.5 and 0.25: (0.25 + 0.0625) × 5e-4 = 1.5625e-4, share
+    2.7778."""
     from rich.console import Console
 
     from literl.arena.report import _verdict_html
@@ -221,7 +226,11 @@ def test_the_evaluation_noise_share_of_delta_final_is_its_runs_sampling_variance
     assert better["share"] == pytest.approx(5.0)
     assert comparison(summary, "same", "s1")["final"]["eval_noise"]["share"] == pytest.approx(1.25)
     assert comparison(summary, "better", "all")["final"]["eval_noise"]["share"] == pytest.approx(2.5)
-    assert "eval_noise" not in comparison(summary, "better", "s1")["auc"], "only Δ final is one evaluation"
+    auc = comparison(summary, "better", "s1")["auc"]["eval_noise"]
+    assert auc["sampling_variance"] == pytest.approx(1.5625e-4)
+    assert auc["observed_variance"] == pytest.approx(5.625e-5)
+    assert auc["share"] == pytest.approx(1.5625e-4 / 5.625e-5)
+    assert "eval_noise" not in comparison(summary, "better", "s1")["best"]
     run = next(r for r in summary["per_run"] if r["variant"] == "better")
     assert run["final_sampling_se"] == 0.02
     console = Console(width=200, record=True)
