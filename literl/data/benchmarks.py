@@ -20,7 +20,8 @@ variable `LITERL_DATA_DIR`), laid out as in the shared data MANIFEST:
 
 Other modules add names with `register_benchmark(name, loader)`; a loader takes the resolved-or-None data
 directory and returns raw rows (dicts), which `problems.load_problems` then normalises. The embedded
-testbed registers its held-out splits as `testbed` (mixed tier) and `testbed_<tier>` this way.
+testbed registers its held-out splits as `testbed` (mixed tier) and `testbed_<tier>` this way, as sized
+benchmarks: generated, with `limit` problems (200 by default), the same ones training's evaluation takes.
 """
 
 from __future__ import annotations
@@ -42,20 +43,24 @@ class Benchmark:
     name: str
     loader: BenchmarkLoader
     description: str = ""
+    sized: bool = False
+    """The loader generates its rows and takes the problem count: `loader(data_dir, limit)` (the testbed's held-out
+    splits, whose `--limit N` means N problems — as `eval.limit` does in training — not the first N of a fixed set)."""
 
 
 _BENCHMARKS: dict[str, Benchmark] = {}
 
 
 def register_benchmark(name: str, loader: BenchmarkLoader, *, description: str = "",
-                       replace: bool = False) -> None:
-    """Make `name` loadable by `load_problems(name)`. `loader(data_dir) -> list of row dicts`."""
+                       replace: bool = False, sized: bool = False) -> None:
+    """Make `name` loadable by `load_problems(name)`. `loader(data_dir) -> list of row dicts`; with `sized`,
+    `loader(data_dir, limit)`, for a generated set whose size the caller chooses (`limit` None: its default)."""
     if not name or not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"benchmark name {name!r} must be letters, digits, '_' or '-' (it appears in "
                          "metric names and on the command line)")
     if name in _BENCHMARKS and not replace:
         raise ValueError(f"benchmark {name!r} is already registered; pass replace=True to override it")
-    _BENCHMARKS[name] = Benchmark(name, loader, description)
+    _BENCHMARKS[name] = Benchmark(name, loader, description, sized)
 
 
 def benchmark_names() -> list[str]:
@@ -121,16 +126,20 @@ TESTBED_TIER_BENCHMARKS = {"testbed": "mixed", "testbed_easy": "easy", "testbed_
 held-out split of another tier (e.g. `testbed_long` for the long tier's regimes, docs/testbed.md)."""
 
 
-def _testbed_heldout(tier: str) -> BenchmarkLoader:
-    def load(data_dir: Path | None) -> list[dict[str, Any]]:
-        # Generated, not read: the embedded testbed's held-out split needs no data directory.
+TESTBED_DEFAULT_PROBLEMS = 200
+
+
+def _testbed_heldout(tier: str) -> Callable[[Path | None, int | None], list[dict[str, Any]]]:
+    def load(data_dir: Path | None, limit: int | None = None) -> list[dict[str, Any]]:
+        # Generated, not read: the embedded testbed's held-out split needs no data directory. Its first N distinct
+        # problems, as the trainer's evaluation with eval.limit=N takes them, so a run and `literl eval` agree.
         from literl.testbed.tasks import heldout_problems
 
-        return heldout_problems(200, tier=tier)
+        return heldout_problems(TESTBED_DEFAULT_PROBLEMS if limit is None else limit, tier=tier)
     return load
 
 
 for _name, _tier in TESTBED_TIER_BENCHMARKS.items():
-    register_benchmark(_name, _testbed_heldout(_tier),
-                       description=f"the embedded testbed's held-out arithmetic split ({_tier} tier), 200 problems "
-                                   "(raw template)")
+    register_benchmark(_name, _testbed_heldout(_tier), sized=True,
+                       description=f"the embedded testbed's held-out arithmetic split ({_tier} tier), "
+                                   f"{TESTBED_DEFAULT_PROBLEMS} problems, --limit N for N (raw template)")

@@ -70,24 +70,26 @@ def load_problems(source: str | Path, *, data_dir: str | Path | None = None, spl
     `literl train` takes `data.answer_field=...`, `literl eval` takes `--answer-field ...`.
     """
     source_text = str(source)
-    rows, resolved_name, origin = _read_source(source_text, data_dir=data_dir, split=split)
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 (got {limit})")
+    rows, resolved_name, origin = _read_source(source_text, data_dir=data_dir, split=split, limit=limit)
     records, skipped = normalize_records(rows, origin=origin, problem_field=problem_field,
                                          answer_field=answer_field, id_field=id_field, field_option=field_option)
     if limit is not None:
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0 (got {limit})")
         records = records[:limit]
     return ProblemSet(name or resolved_name, records, origin, skipped)
 
 
-def _read_source(source: str, *, data_dir, split) -> tuple[list[dict], str, str]:
-    """(raw rows, short name, description of where they came from)."""
+def _read_source(source: str, *, data_dir, split, limit=None) -> tuple[list[dict], str, str]:
+    """(raw rows, short name, description of where they came from). A sized benchmark generates `limit` rows."""
     path = Path(source).expanduser()
     if path.is_file():
         return read_rows(path), path.stem if path.stem not in ("test", "train") else path.parent.name, str(path)
     benchmark = get_benchmark(source)
     if benchmark is not None:
-        return benchmark.loader(Path(data_dir) if data_dir is not None else None), source, f"benchmark {source}"
+        where = Path(data_dir) if data_dir is not None else None
+        rows = benchmark.loader(where, limit) if benchmark.sized else benchmark.loader(where)
+        return rows, source, f"benchmark {source}"
     if path.suffix.lower() in ROW_FILE_SUFFIXES or path.is_dir():
         what = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise FileNotFoundError(f"problem file {path} {what}; check the path, or use a benchmark name "

@@ -49,7 +49,8 @@ def add_model_and_sampling_arguments(parser: argparse.ArgumentParser, *, max_new
     parser.add_argument("--data-dir", default=None,
                         help="folder holding the benchmark files (math500/test.jsonl, ...); default: $LITERL_DATA_DIR")
     parser.add_argument("--limit", type=int, default=None, metavar="N",
-                        help="use only the first N problems of each problem set")
+                        help="use only the first N problems of each problem set (the testbed's generated "
+                             "held-out splits: N problems, 200 by default, as eval.limit=N in training)")
     parser.add_argument("--template", default="auto", choices=("auto", "chat", "plain", "raw"),
                         help="prompt template: chat (the tokenizer's chat template), plain (problem + 'Please "
                              "reason step by step...'), raw (problem verbatim), auto (chat if the tokenizer has "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from literl.data.benchmarks import TESTBED_TIER_BENCHMARKS
+from literl.data.benchmarks import TESTBED_DEFAULT_PROBLEMS, TESTBED_TIER_BENCHMARKS
 from literl.rollout.generator import SamplingParams
 
 TESTBED_BENCHMARK = "testbed"
@@ -27,7 +27,8 @@ def build_evaluator(cfg, *, tokenizer) -> Callable:
         if name in TESTBED_TIER_BENCHMARKS:
             from literl.testbed.tasks import heldout_problems
 
-            benchmarks[name] = (heldout_problems(ev.limit or 200, tier=TESTBED_TIER_BENCHMARKS[name]),
+            benchmarks[name] = (heldout_problems(ev.limit or TESTBED_DEFAULT_PROBLEMS,
+                                                 tier=TESTBED_TIER_BENCHMARKS[name]),
                                 prompt_template(cfg, testbed_problems=True))
         else:
             benchmarks[name] = (load_problems(name, data_dir=cfg.data.dir, limit=ev.limit), cfg.data.template)

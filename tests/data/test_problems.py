@@ -189,3 +189,29 @@ def test_terminal_escapes_in_skipped_ids_are_printed_escaped(tmp_path):
     message = str(caught[0].message)
     assert "\x1b" not in message and "\x07" not in message
     assert "\\x1b[2J\\x1b]0;owned\\x07" in message
+
+
+def test_the_testbed_benchmark_generates_as_many_problems_as_the_limit_asks_like_training_does():
+    """`literl eval --benchmarks testbed --limit 1000` scores the first 1,000 distinct held-out problems, the set a
+    run with eval.limit=1000 evaluated (it once truncated a fixed 200 silently); no limit: 200; a smaller limit:
+    the first N of them."""
+    from literl.data.problems import load_problems
+    from literl.testbed.tasks import heldout_problems
+
+    large = load_problems("testbed", limit=1000)
+    assert len(large) == 1000 and len({r["problem"] for r in large}) == 1000
+    assert [r["problem"] for r in large] == [r["problem"] for r in heldout_problems(1000)]
+    assert len(load_problems("testbed")) == 200
+    assert [r["problem"] for r in load_problems("testbed_long", limit=5)] == [
+        r["problem"] for r in heldout_problems(5, tier="long")]
+
+
+def test_a_sized_benchmark_gets_the_limit_and_a_plain_one_is_truncated():
+    register_benchmark("unit_sized_set", lambda data_dir, limit: [{"id": i, "problem": f"{i}+1", "answer": i + 1}
+                                                                  for i in range(limit or 3)], sized=True)
+    register_benchmark("unit_plain_set", lambda data_dir: [{"id": i, "problem": f"{i}+1", "answer": i + 1}
+                                                           for i in range(3)])
+    assert len(load_problems("unit_sized_set")) == 3 and len(load_problems("unit_sized_set", limit=7)) == 7
+    assert len(load_problems("unit_plain_set", limit=7)) == 3 and len(load_problems("unit_plain_set", limit=2)) == 2
+    with pytest.raises(ValueError, match="limit must be >= 0"):
+        load_problems("unit_sized_set", limit=-1)
