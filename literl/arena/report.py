@@ -22,8 +22,8 @@ from literl.arena.plots import Panel
 from literl.arena.runs import RunRecord
 from literl.arena.spec import MECHANISM_SECTIONS
 from literl.arena.stats import SCORES
-from literl.arena.summary import (EVAL_NOISE_NOTABLE, format_cell, format_detectable, format_eval_noise,
-                                  format_fragility)
+from literl.arena.summary import (EVAL_NOISE_SCORES, eval_noise_is_notable, format_cell, format_detectable,
+                                  format_eval_noise, format_fragility)
 from literl.data.files import write_text_atomic
 
 CSS = """
@@ -207,8 +207,7 @@ def _verdict_html(entry: dict) -> str:
     fragile = f"<br><span class='few'>{_e(fragile)}</span>" if fragile else ""
     noise = format_eval_noise(entry)
     if noise:
-        notable = entry["eval_noise"]["share"] >= EVAL_NOISE_NOTABLE
-        noise = f"<br><span class='{'few' if notable else 'note'}'>{_e(noise)}</span>"
+        noise = f"<br><span class='{'few' if eval_noise_is_notable(entry) else 'note'}'>{_e(noise)}</span>"
     return (f"{entry['mean_diff']:+.3f}{ci} <span class='{css}'>{_e(entry['verdict'])}</span>{fragile}{t_ci}"
             f"{detectable}{noise}")
 
@@ -233,7 +232,7 @@ def _statistics_section(summary: dict) -> str:
         parts.append(_table(["variant", "scenario", "pairs", "Δ final", "Δ best", "Δ AUC"], rows))
         parts.append("<p class='note'>Scenario <code>all</code> pools the scenarios: one pair per seed, that "
                      "seed's differences averaged over the scenarios.</p>")
-        if any("eval_noise" in c[score] for c in summary["comparisons"] for score in ("final", "auc")):
+        if any("eval_noise" in c[score] for c in summary["comparisons"] for score in EVAL_NOISE_SCORES):
             parts.append(f"<p class='note'><b>Evaluation noise</b> (Δ final, Δ AUC): "
                          f"{_e(summary['intervals'].get('eval_noise', ''))}.</p>")
     missing = summary["runs"]["missing"]

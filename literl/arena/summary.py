@@ -132,7 +132,7 @@ def _cell(variant: str, scenario: str, scores: dict, confidence: float) -> dict:
 
 
 def _comparison(variant: str, baseline: str, scenario: str, scores: dict, confidence: float,
-                noise: dict | None = None) -> dict:
+                noise: dict) -> dict:
     out = {"variant": variant, "baseline": baseline, "scenario": scenario}
     for score in stats.SCORES:
         if scenario == ALL_SCENARIOS:
@@ -142,7 +142,7 @@ def _comparison(variant: str, baseline: str, scenario: str, scores: dict, confid
                            for v in (variant, baseline))
         out[score] = stats.compare(*paired, confidence)
         if score in EVAL_NOISE_SCORES:
-            share = _eval_noise(variant, baseline, scenario, scores, noise or {}, out[score], score)
+            share = _eval_noise(variant, baseline, scenario, scores, noise, out[score], score)
             if share is not None:
                 out[score]["eval_noise"] = share
     return out
@@ -275,14 +275,18 @@ def format_eval_noise(entry: dict) -> str:
     return f"evaluation noise {100 * noise['share']:.0f}% of s_d²"
 
 
+def eval_noise_is_notable(entry: dict) -> bool:
+    """Whether the evaluation noise is most of this Δ's paired variance (share >= EVAL_NOISE_NOTABLE)."""
+    return entry.get("eval_noise", {}).get("share", 0.0) >= EVAL_NOISE_NOTABLE
+
+
 def _comparison_cell(entry: dict) -> str:
     """One score's cell of the terminal's comparisons table: Δ [interval], verdict, fragility mark, MDE, and (Δ
     final, Δ AUC) the evaluation noise's share of its variance, in yellow where it is most of it."""
     fragile, noise = format_fragility(entry), format_eval_noise(entry)
-    notable = noise and entry["eval_noise"]["share"] >= EVAL_NOISE_NOTABLE
     return (f"{_fmt_diff(entry)}\n[{VERDICT_STYLE[entry['verdict']]}]{entry['verdict']}[/]"
             + (f"\n[yellow]{fragile}[/]" if fragile else "") + f"\n[dim]{format_detectable(entry)}[/]"
-            + (f"\n[{'yellow' if notable else 'dim'}]{noise}[/]" if noise else ""))
+            + (f"\n[{'yellow' if eval_noise_is_notable(entry) else 'dim'}]{noise}[/]" if noise else ""))
 
 
 def print_summary(summary: dict, console=None) -> None:
@@ -310,8 +314,7 @@ def print_summary(summary: dict, console=None) -> None:
             table.add_row(escape(comp["variant"]), escape(comp["scenario"]), str(comp["final"]["n_pairs"]),
                           *(_comparison_cell(comp[s]) for s in stats.SCORES))
         console.print(table)
-        if any(comp[score].get("eval_noise", {}).get("share", 0) >= EVAL_NOISE_NOTABLE
-               for comp in summary["comparisons"] for score in EVAL_NOISE_SCORES):
+        if any(eval_noise_is_notable(comp[score]) for comp in summary["comparisons"] for score in EVAL_NOISE_SCORES):
             console.print("[yellow]Where marked, Δ is mostly evaluation noise: two runs scored on the same "
                           "problems differ by their samples alone. More eval.samples or eval.limit shrink the MDE "
                           "without more seeds (docs/arena.md, \"Evaluation noise\").[/]")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from literl.data.benchmarks import TESTBED_DEFAULT_PROBLEMS, TESTBED_TIER_BENCHMARKS
+from literl.data.benchmarks import TESTBED_TIER_BENCHMARKS
 from literl.rollout.generator import SamplingParams
 
 TESTBED_BENCHMARK = "testbed"
@@ -24,14 +24,11 @@ def build_evaluator(cfg, *, tokenizer) -> Callable:
     ev = cfg.eval
     benchmarks: dict[str, tuple[list[dict], str]] = {}
     for name in ev.benchmarks:
-        if name in TESTBED_TIER_BENCHMARKS:
-            from literl.testbed.tasks import heldout_problems
-
-            benchmarks[name] = (heldout_problems(ev.limit or TESTBED_DEFAULT_PROBLEMS,
-                                                 tier=TESTBED_TIER_BENCHMARKS[name]),
-                                prompt_template(cfg, testbed_problems=True))
-        else:
-            benchmarks[name] = (load_problems(name, data_dir=cfg.data.dir, limit=ev.limit), cfg.data.template)
+        # The testbed's held-out splits are generated with eval.limit problems (200 when null), as `literl eval
+        # --limit` takes them; only their template differs.
+        template = (prompt_template(cfg, testbed_problems=True) if name in TESTBED_TIER_BENCHMARKS
+                    else cfg.data.template)
+        benchmarks[name] = (load_problems(name, data_dir=cfg.data.dir, limit=ev.limit), template)
     prompt_options = prompt_options_of(cfg)
     temperature = ev.temperature if ev.temperature is not None else cfg.rollout.temperature
     max_new_tokens = ev.max_new_tokens or cfg.rollout.max_new_tokens
