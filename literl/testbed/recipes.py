@@ -31,6 +31,9 @@ variant with one more SFT phase, so each costs a short phase on top of a cached 
     skewed_aligned varied + SFT on clean solutions whose lines are canonical 85% of the time and otherwise in one of
                   their other forms (a few percent each): an aligned policy with valid low-probability alternatives,
                   the tokens with positive advantage that PPO's upper clip bound caps (clip-higher, finding_b)
+    checked       base + SFT on solutions of which half check every step (the step, then "check " and the step worked
+                  again, right): a policy that chooses per response between a short answer and a ~2.5x longer,
+                  more accurate one, which a 64-token budget cuts at 3-4 operations (overlong filtering, finding_d)
     moe_flat      moe with its router weights scaled by 1/64 and then held fixed through a short SFT that lets the
                   experts adapt: the same routes with 64x smaller margins between the 2nd and 3rd expert, so that
                   the router's own updates move routes between θ_old and θ (the MiniRL study's off-policy setting)
@@ -227,6 +230,14 @@ SKEWED_ALIGNED = dataclasses.replace(
     VARIED, variant="skewed_aligned", parent=VARIED, num_threads=1,
     alignment=SFTPhase(steps=300, lr=5e-4, slip_rate=0.0, warmup_steps=20, style="skewed"),
 )
+# Overlong filtering's regime (finding_d): careful solutions that are longer and more often right, cut by a short
+# budget within groups that also hold short answers. Over `base`, whose canonical lines the unchecked half keeps (at
+# its slip rate 0.2), so the phase teaches only the check line; 600 steps at 1e-3 as `long` taught its new tier (a
+# short phase over a cached model). Measured at 128 new tokens, which no checked solution of 1-4 operations exceeds.
+CHECKED = dataclasses.replace(
+    BASE, variant="checked", parent=BASE, num_threads=1, measure=MeasureSettings(max_new_tokens=128),
+    alignment=SFTPhase(steps=600, lr=1e-3, slip_rate=0.2, warmup_steps=50, style="checked"),
+)
 MOE_FLAT = dataclasses.replace(
     # 1/64: scaling the router shrinks the margins and the logit changes that hidden-state updates cause alike, so
     # only the router's own updates (Adam: ~lr per weight, whatever the scale) flip more routes; at 1/8 the last
@@ -237,7 +248,7 @@ MOE_FLAT = dataclasses.replace(
 
 VARIANTS: dict[str, TestbedRecipe] = {r.variant: r for r in (BASE, ALIGNED, MICRO, MOE, LONG, LONG_ALIGNED,
                                                               LONG_LOOPY, ALIGNED_VARIED, VARIED, VARIED_ALIGNED,
-                                                              SKEWED_ALIGNED, MOE_FLAT)}
+                                                              SKEWED_ALIGNED, CHECKED, MOE_FLAT)}
 
 
 def recipe_for(variant: str) -> TestbedRecipe:

@@ -250,3 +250,80 @@ def test_the_varied_stream_is_unchanged_by_the_skewed_style():
     first = [next(stream)["solution"] for _ in range(3)]
     assert first == ["9+5=14\n\\boxed{14}", "6*3=18\n18 + 53 = 71\n7+71=78\n78+3=81\n\\boxed{81}",
                      "5 - 3 = 2\n2-2=0\n0+6=6\n\\boxed{6}"]
+
+
+def test_checked_solutions_work_every_step_twice_and_go_on_from_the_checked_value():
+    """Hand case: 7*2-1*1 with the first line slipped to 4 (as written in the docstring's style): the check line
+    writes 7*2=14, and the next steps compute from 14, so the answer is right although a step line slipped."""
+    import random
+
+    from literl.testbed.tasks import checked_solution_text, is_correct
+
+    class SlipFirst(random.Random):
+        """Slips only the first draw, to 14 - 10 = 4 (the first of SLIP_OFFSETS)."""
+
+        def __init__(self):
+            super().__init__(0)
+            self.draws = 0
+
+        def random(self):
+            self.draws += 1
+            return 0.0 if self.draws == 1 else 0.99
+
+        def choice(self, seq):
+            return seq[0]
+
+    text = checked_solution_text([7, 2, 1, 1], ["*", "-", "*"], slip_rate=0.2, rng=SlipFirst())
+    assert text == ("7*2=4\ncheck 7*2=14\n1*1=1\ncheck 1*1=1\n14-1=13\ncheck 14-1=13\n\\boxed{13}")
+    assert is_correct(text, 13)
+
+
+def test_half_the_checked_stream_checks_every_step_and_is_always_right_the_rest_is_canonical():
+    """Same problems and answers as the canonical stream; the unchecked solutions are the canonical text with the
+    canonical slips, character for character; a checked one alternates step and check lines, its check lines right
+    and its boxed answer the true value. CHECKED_SOLUTION_RATE 0.5 over 2000 solutions: sd 0.011. On the mixed tier a
+    checked solution is 28-107 tokens (with EOS) and a canonical one 16-46, so a 64-token budget cuts checked
+    solutions at 3-4 operations only (all but the shortest) and no canonical one."""
+    from literl.testbed.recipes import BASE, CHECKED
+    from literl.testbed.tasks import CHECK_PREFIX, _apply, problem_stream
+
+    checked = problem_stream(split="train", seed=3, slip_rate=0.2, style="checked")
+    canonical = problem_stream(split="train", seed=3, slip_rate=0.2)
+    n_checked, slipped_lines, over_64, at_least_3_ops = 0, 0, 0, 0
+    for _ in range(2000):
+        ch, ca = next(checked), next(canonical)
+        assert (ch["problem"], ch["answer"], ch["num_ops"]) == (ca["problem"], ca["answer"], ca["num_ops"])
+        if CHECK_PREFIX not in ch["solution"]:
+            assert ch["solution"] == ca["solution"] and len(ch["solution"]) + 1 < 64
+            continue
+        n_checked += 1
+        lines = ch["solution"].split("\n")
+        assert len(lines) == 2 * ch["num_ops"] + 1 and lines[-1] == f"\\boxed{{{ch['answer']}}}"
+        for step, check in zip(lines[:-1:2], lines[1:-1:2]):
+            assert check.startswith(CHECK_PREFIX)
+            lhs, result = check[len(CHECK_PREFIX):].split("=")
+            op = next(c for c in "+-*" if c in lhs[1:])
+            left, right = lhs.split(op, 1)
+            assert int(result) == _apply(int(left), op, int(right))
+            assert step.split("=")[0] == lhs
+            slipped_lines += step != check[len(CHECK_PREFIX):]
+        tokens = len(ch["solution"]) + 1
+        assert (tokens >= 64) == (ch["num_ops"] >= 3), ch["solution"]
+        over_64 += tokens > 64
+        at_least_3_ops += ch["num_ops"] >= 3
+    assert 0.46 <= n_checked / 2000 <= 0.54
+    assert over_64 / at_least_3_ops > 0.95      # the shortest 3-operation one (all one-digit values) is 64 exactly
+    assert CHECKED.parent == BASE and CHECKED.alignment.style == "checked" and CHECKED.alignment.slip_rate == 0.2
+    assert CHECKED.measure.max_new_tokens == 128 and CHECKED.to_dict()["alignment"]["style"] == "checked"
+    assert slipped_lines > 0
+
+
+def test_the_canonical_stream_is_unchanged_by_the_checked_style():
+    """`base` is shipped and cached by recipe hash, not by its data: the canonical stream must stay as it was built
+    (the first solutions of seed 0 with slips, written down when the checked style was added)."""
+    from literl.testbed.tasks import problem_stream
+
+    stream = problem_stream(split="train", seed=0, slip_rate=0.2)
+    first = [next(stream)["solution"] for _ in range(3)]
+    assert first == ["5+9=14\n\\boxed{14}", "6*3=18\n18+53=71\n71+7=78\n78+3=81\n\\boxed{81}",
+                     "5-3=2\n2-2=0\n0+6=6\n\\boxed{6}"]
