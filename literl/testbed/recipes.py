@@ -232,11 +232,13 @@ SKEWED_ALIGNED = dataclasses.replace(
 )
 # Overlong filtering's regime (finding_d): careful solutions that are longer and more often right, cut by a short
 # budget within groups that also hold short answers. Over `base`, whose canonical lines the unchecked half keeps (at
-# its slip rate 0.2), so the phase teaches only the check line; 600 steps at 1e-3 as `long` taught its new tier (a
-# short phase over a cached model). Measured at 128 new tokens, which no checked solution of 1-4 operations exceeds.
+# its slip rate 0.2), so the phase teaches the checked form; 1000 steps at 1e-3 as `long` taught its new tier. A first
+# build (600 steps, the checked solutions' step lines slipped and only their checks right) gave checked responses
+# only 10 points more often right than unchecked ones at 3-4 operations (docs/testbed.md, rejected probes). Measured at
+# 128 new tokens, which no checked solution of 1-4 operations exceeds.
 CHECKED = dataclasses.replace(
     BASE, variant="checked", parent=BASE, num_threads=1, measure=MeasureSettings(max_new_tokens=128),
-    alignment=SFTPhase(steps=600, lr=1e-3, slip_rate=0.2, warmup_steps=50, style="checked"),
+    alignment=SFTPhase(steps=1000, lr=1e-3, slip_rate=0.2, warmup_steps=50, style="checked"),
 )
 MOE_FLAT = dataclasses.replace(
     # 1/64: scaling the router shrinks the margins and the logit changes that hidden-state updates cause alike, so

@@ -33,9 +33,9 @@ Styles (how a solution is written; the problems, answers and slips are the canon
                (`repeat_last_step`): a base model's "no-stop repetition", which runs past a length budget
     skewed     each line canonical 85% of the time, else in one of its other equivalent forms
                (`skewed_solution_text`): valid alternatives at a few percent each
-    checked    half of the solutions check each step: the step line, then "check " and the step worked again, right,
-               and the next step goes on from the checked value (`checked_solution_text`): a solution ~2.5x longer
-               and more often right, which a short length budget cuts (the "checked" solutions' slips are their own)
+    checked    half of the solutions check each step: the step line, then "check " and the same step again, with no
+               slip (`checked_solution_text`): a solution ~2.5x longer and more often right, which a short length
+               budget cuts
 
 Records are dicts `{"id", "problem", "answer" (str), "solution", "tier", "num_ops", "difficulty"}`, where
 `difficulty` is "<num_ops>_ops" ("<low>-<high>_ops" in a tier that buckets op counts, e.g. long's "4-6_ops").
@@ -184,29 +184,26 @@ CHECKED_SOLUTION_RATE = 0.5
 CHECK_PREFIX = "check "
 
 
-def checked_solution_text(numbers: list[int], ops: list[str], *, slip_rate: float, rng: random.Random) -> str:
-    """A solution that checks each step: the step line (its result slipped with probability `slip_rate`, as the
-    canonical stream's are), then a check line that works the same step again and writes it right, and the next step
-    goes on from the checked value:
+def checked_solution_text(numbers: list[int], ops: list[str]) -> str:
+    """A careful solver's solution: each step line, then "check " and the same step worked again, every value right:
 
-        "4*5=21\ncheck 4*5=20\n3+20=23\ncheck 3+20=23\n\\boxed{23}"
+        "4*5=20\ncheck 4*5=20\n3+20=23\ncheck 3+20=23\n\\boxed{23}"
 
-    So a checked solution is always right in the SFT data and ~2.5x as long as its canonical text (a step costs
-    ~8 + 14 characters against ~8): careful reasoning that is longer and more accurate, as a reasoning model's
-    self-verification is, and that a short length budget cuts before its answer (finding_d's regime: docs/testbed.md,
-    "Regimes"). The first step line's slip is drawn from `rng`, the caller's stream for this style, so the canonical
-    solutions' slips stay those of the canonical stream."""
+    ~2.5x as long as the canonical text (a step costs ~8 + 14 characters against ~8) and, in the SFT data, never
+    slipped: careful reasoning that is longer and more accurate, as a reasoning model's self-verification is, and that
+    a short length budget cuts before its answer (finding_d's regime: docs/testbed.md, "Regimes").
+
+    Why no slips at all: a first build slipped the step lines at the canonical rate and wrote only the check lines
+    right; the policy it gave got its check lines right 81.5% of the time against 70% for its unchecked lines, and
+    its checked responses at 3-4 operations only 10 points more often right than its unchecked ones (the bar was 15;
+    docs/testbed.md, rejected probes)."""
     worked = solution_steps(numbers, ops)
     if worked is None:
         raise ValueError(f"expression {expression_text(numbers, ops)!r} leaves 0-{MAX_VALUE}; no checked solution")
     steps, answer = worked
     lines = []
     for left, op, right, result in steps:
-        written = result
-        if slip_rate > 0 and rng.random() < slip_rate:
-            written = rng.choice([result + d for d in SLIP_OFFSETS if 0 <= result + d <= MAX_VALUE])
-        lines.append(f"{left}{op}{right}={written}")
-        lines.append(f"{CHECK_PREFIX}{left}{op}{right}={result}")
+        lines += [f"{left}{op}{right}={result}", f"{CHECK_PREFIX}{left}{op}{right}={result}"]
     return "\n".join(lines + [f"\\boxed{{{answer}}}"])
 
 
@@ -266,8 +263,8 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     """An endless, seed-determined stream of records from one split and tier (repeats are possible). `style`
     "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`), "skewed" mostly in the
     canonical one (`skewed_solution_text`), "end_loop" repeats the last step line in half of them
-    (`repeat_last_step`), "checked" checks every step in half of them (`checked_solution_text`, whose slips are its
-    own); the problems, answers and the other solutions' slips are those of the canonical stream."""
+    (`repeat_last_step`), "checked" checks every step, slip-free, in half of them (`checked_solution_text`); the
+    problems, answers and the other solutions' slips are those of the canonical stream."""
     if style not in SOLUTION_STYLES:
         raise ValueError(f"unknown solution style {style!r}; expected one of {SOLUTION_STYLES}")
     if split not in SPLITS:
@@ -298,7 +295,7 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
         if loop_rng is not None:
             solution = repeat_last_step(solution, loop_rng)
         if check_rng is not None and check_rng.random() < CHECKED_SOLUTION_RATE:
-            solution = checked_solution_text(numbers, ops, slip_rate=slip_rate, rng=check_rng)
+            solution = checked_solution_text(numbers, ops)
         yield {
             "id": f"{split}-{tier}-{seed}-{index}",
             "problem": f"{PROMPT_PREFIX}{expression}{PROMPT_SUFFIX}",

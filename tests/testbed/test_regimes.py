@@ -252,36 +252,21 @@ def test_the_varied_stream_is_unchanged_by_the_skewed_style():
                      "5 - 3 = 2\n2-2=0\n0+6=6\n\\boxed{6}"]
 
 
-def test_checked_solutions_work_every_step_twice_and_go_on_from_the_checked_value():
-    """Hand case: 7*2-1*1 with the first line slipped to 4 (as written in the docstring's style): the check line
-    writes 7*2=14, and the next steps compute from 14, so the answer is right although a step line slipped."""
-    import random
-
+def test_a_checked_solution_writes_every_step_and_its_check_without_slips():
+    """Hand case 7*2-1*1: products first (7*2=14, 1*1=1), then 14-1=13, each line followed by its check."""
     from literl.testbed.tasks import checked_solution_text, is_correct
 
-    class SlipFirst(random.Random):
-        """Slips only the first draw, to 14 - 10 = 4 (the first of SLIP_OFFSETS)."""
-
-        def __init__(self):
-            super().__init__(0)
-            self.draws = 0
-
-        def random(self):
-            self.draws += 1
-            return 0.0 if self.draws == 1 else 0.99
-
-        def choice(self, seq):
-            return seq[0]
-
-    text = checked_solution_text([7, 2, 1, 1], ["*", "-", "*"], slip_rate=0.2, rng=SlipFirst())
-    assert text == ("7*2=4\ncheck 7*2=14\n1*1=1\ncheck 1*1=1\n14-1=13\ncheck 14-1=13\n\\boxed{13}")
+    text = checked_solution_text([7, 2, 1, 1], ["*", "-", "*"])
+    assert text == "7*2=14\ncheck 7*2=14\n1*1=1\ncheck 1*1=1\n14-1=13\ncheck 14-1=13\n\\boxed{13}"
     assert is_correct(text, 13)
+    with pytest.raises(ValueError, match="leaves 0-99"):
+        checked_solution_text([9, 99], ["*"])
 
 
 def test_half_the_checked_stream_checks_every_step_and_is_always_right_the_rest_is_canonical():
     """Same problems and answers as the canonical stream; the unchecked solutions are the canonical text with the
-    canonical slips, character for character; a checked one alternates step and check lines, its check lines right
-    and its boxed answer the true value. CHECKED_SOLUTION_RATE 0.5 over 2000 solutions: sd 0.011. On the mixed tier a
+    canonical slips, character for character; a checked one alternates step and check lines, each the same step worked
+    right, and boxes the true value. CHECKED_SOLUTION_RATE 0.5 over 2000 solutions: sd 0.011. On the mixed tier a
     checked solution is 28-107 tokens (with EOS) and a canonical one 16-46, so a 64-token budget cuts checked
     solutions at 3-4 operations only (all but the shortest) and no canonical one."""
     from literl.testbed.recipes import BASE, CHECKED
@@ -289,7 +274,7 @@ def test_half_the_checked_stream_checks_every_step_and_is_always_right_the_rest_
 
     checked = problem_stream(split="train", seed=3, slip_rate=0.2, style="checked")
     canonical = problem_stream(split="train", seed=3, slip_rate=0.2)
-    n_checked, slipped_lines, over_64, at_least_3_ops = 0, 0, 0, 0
+    n_checked, over_64, at_least_3_ops = 0, 0, 0
     for _ in range(2000):
         ch, ca = next(checked), next(canonical)
         assert (ch["problem"], ch["answer"], ch["num_ops"]) == (ca["problem"], ca["answer"], ca["num_ops"])
@@ -305,8 +290,7 @@ def test_half_the_checked_stream_checks_every_step_and_is_always_right_the_rest_
             op = next(c for c in "+-*" if c in lhs[1:])
             left, right = lhs.split(op, 1)
             assert int(result) == _apply(int(left), op, int(right))
-            assert step.split("=")[0] == lhs
-            slipped_lines += step != check[len(CHECK_PREFIX):]
+            assert step == check[len(CHECK_PREFIX):]
         tokens = len(ch["solution"]) + 1
         assert (tokens >= 64) == (ch["num_ops"] >= 3), ch["solution"]
         over_64 += tokens > 64
@@ -315,7 +299,6 @@ def test_half_the_checked_stream_checks_every_step_and_is_always_right_the_rest_
     assert over_64 / at_least_3_ops > 0.95      # the shortest 3-operation one (all one-digit values) is 64 exactly
     assert CHECKED.parent == BASE and CHECKED.alignment.style == "checked" and CHECKED.alignment.slip_rate == 0.2
     assert CHECKED.measure.max_new_tokens == 128 and CHECKED.to_dict()["alignment"]["style"] == "checked"
-    assert slipped_lines > 0
 
 
 def test_the_canonical_stream_is_unchanged_by_the_checked_style():
