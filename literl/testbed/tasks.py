@@ -33,6 +33,9 @@ Styles (how a solution is written; the problems, answers and slips are the canon
                (`repeat_last_step`): a base model's "no-stop repetition", which runs past a length budget
     skewed     each line canonical 85% of the time, else in one of its other equivalent forms
                (`skewed_solution_text`): valid alternatives at a few percent each
+    direct     half of the solutions are the boxed answer alone, no steps (`DIRECT_SOLUTION_RATE`): a short answer
+               that a small model gets right on one or two operations and rarely on more, beside the step-by-step
+               solution, which a short length budget cuts
     checked    half of the solutions check each step: the step line, then "check " and the same step again, with no
                slip (`checked_solution_text`): a solution ~2.5x longer and more often right, which a short length
                budget cuts
@@ -224,7 +227,14 @@ def _draw_expression(rng: random.Random, spec: TierSpec) -> tuple[list[int], lis
             return numbers, ops
 
 
-SOLUTION_STYLES = ("canonical", "varied", "end_loop", "skewed", "checked")
+SOLUTION_STYLES = ("canonical", "varied", "end_loop", "skewed", "checked", "direct")
+
+DIRECT_SOLUTION_RATE = 0.5
+"""Share of "direct" solutions that are the boxed (true) answer alone. The rest are the canonical text with its slips.
+Why: a step-by-step solution spends a token per character of its computation, an answer alone spends none, and a
+4-layer model cannot work a chain of 3-4 operations inside one forward pass — so, unlike `checked`'s careful lines
+(whose edge RL gave the short form too: finding_d's third version, docs/arena.md), the long way's edge here is
+computation the short way does not have (finding_d's fourth version)."""
 
 LOOP_SOLUTION_RATE = 0.5
 """Share of "end_loop" solutions that repeat their last step line."""
@@ -263,8 +273,9 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     """An endless, seed-determined stream of records from one split and tier (repeats are possible). `style`
     "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`), "skewed" mostly in the
     canonical one (`skewed_solution_text`), "end_loop" repeats the last step line in half of them
-    (`repeat_last_step`), "checked" checks every step, slip-free, in half of them (`checked_solution_text`); the
-    problems, answers and the other solutions' slips are those of the canonical stream."""
+    (`repeat_last_step`), "checked" checks every step, slip-free, in half of them (`checked_solution_text`), "direct"
+    writes half of them as the boxed answer alone; the problems, answers and the other solutions' slips are those of
+    the canonical stream."""
     if style not in SOLUTION_STYLES:
         raise ValueError(f"unknown solution style {style!r}; expected one of {SOLUTION_STYLES}")
     if split not in SPLITS:
@@ -280,6 +291,7 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     loop_rng = random.Random(f"literl-testbed-loops:{split}:{tier}:{seed}") if style == "end_loop" else None
     skew_rng = random.Random(f"literl-testbed-skew:{split}:{tier}:{seed}") if style == "skewed" else None
     check_rng = random.Random(f"literl-testbed-check:{split}:{tier}:{seed}") if style == "checked" else None
+    direct_rng = random.Random(f"literl-testbed-direct:{split}:{tier}:{seed}") if style == "direct" else None
     index = 0
     while True:
         numbers, ops = _draw_expression(rng, spec)
@@ -296,6 +308,8 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
             solution = repeat_last_step(solution, loop_rng)
         if check_rng is not None and check_rng.random() < CHECKED_SOLUTION_RATE:
             solution = checked_solution_text(numbers, ops)
+        if direct_rng is not None and direct_rng.random() < DIRECT_SOLUTION_RATE:
+            solution = f"\\boxed{{{answer}}}"
         yield {
             "id": f"{split}-{tier}-{seed}-{index}",
             "problem": f"{PROMPT_PREFIX}{expression}{PROMPT_SUFFIX}",

@@ -310,3 +310,29 @@ def test_the_canonical_stream_is_unchanged_by_the_checked_style():
     first = [next(stream)["solution"] for _ in range(3)]
     assert first == ["5+9=14\n\\boxed{14}", "6*3=18\n18+53=71\n71+7=78\n78+3=81\n\\boxed{81}",
                      "5-3=2\n2-2=0\n0+6=6\n\\boxed{6}"]
+
+
+def test_half_the_direct_stream_is_the_boxed_answer_alone_the_rest_is_canonical():
+    """Same problems and answers as the canonical stream; a direct solution is "\\boxed{<true answer>}" (no steps,
+    never slipped), any other is the canonical text with its slips. DIRECT_SOLUTION_RATE 0.5 over 2000: sd 0.011.
+    A 32-token budget cuts no direct solution (<= 11 tokens with EOS) and no canonical one of 1-2 operations, and
+    cuts the canonical ones of 4 operations (34-46 tokens) and most of 3 (28-38)."""
+    from literl.testbed.recipes import BASE, DIRECT
+    from literl.testbed.tasks import problem_stream
+
+    direct = problem_stream(split="train", seed=4, slip_rate=0.2, style="direct")
+    canonical = problem_stream(split="train", seed=4, slip_rate=0.2)
+    n_direct, cut_by_ops = 0, {1: [], 2: [], 3: [], 4: []}
+    for _ in range(2000):
+        di, ca = next(direct), next(canonical)
+        assert (di["problem"], di["answer"], di["num_ops"]) == (ca["problem"], ca["answer"], ca["num_ops"])
+        if di["solution"] == f"\\boxed{{{di['answer']}}}":
+            n_direct += 1
+            assert len(di["solution"]) + 1 <= 11
+            continue
+        assert di["solution"] == ca["solution"]
+        cut_by_ops[di["num_ops"]].append(len(di["solution"]) + 1 > 32)
+    assert 0.46 <= n_direct / 2000 <= 0.54
+    assert not any(cut_by_ops[1]) and not any(cut_by_ops[2]) and all(cut_by_ops[4])
+    assert 0.6 <= sum(cut_by_ops[3]) / len(cut_by_ops[3]) <= 0.9
+    assert DIRECT.parent == BASE and DIRECT.alignment.style == "direct" and DIRECT.alignment.slip_rate == 0.2
