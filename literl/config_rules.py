@@ -34,7 +34,7 @@ CHOICES = {
     "data.difficulty": ("easy", "medium", "hard", "mixed", "long"),
     "model.testbed": ("base", "aligned", "micro", "moe", "long", "long_aligned", "long_loopy", "aligned_varied",
                       "varied", "varied_aligned", "skewed_aligned", "checked", "direct",
-                      "moe_flat"),
+                      "terse", "moe_flat"),
     "model.profile": ("auto", "testbed", "real"),
     "algorithm.aggregation_normaliser": ("global", "local"),
     "data.overlong_prompts": ("skip", "error"),
