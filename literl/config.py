@@ -63,9 +63,7 @@ class ModelConfig:
                                 "those forms from the start) | skewed_aligned (varied taught them mostly in one "
                                 "form: valid alternatives at a few percent, for clip-higher) | checked (base that "
                                 "checks every step in half its solutions: longer, more often right, cut by a short "
-                                "budget) | direct (base that answers at once in half its solutions: short, rarely right "
-                                "beyond two operations) | terse (base that skips every second step line in half its "
-                                "solutions) | moe_flat (moe with "
+                                "budget) | moe_flat (moe with "
                                 "router margins shrunk, so routes drift under updates): docs/testbed.md")
     testbed_prebuilt: bool = knob(True, "on the testbed's first use, install the weights shipped with literl for "
                                         "its recipe (base) instead of building them (~5 min on 2 cores); false "

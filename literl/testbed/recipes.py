@@ -34,12 +34,6 @@ variant with one more SFT phase, so each costs a short phase on top of a cached 
     checked       base + SFT on solutions of which half check every step (the step, then "check " and the step worked
                   again, right): a policy that chooses per response between a short answer and a ~2.5x longer,
                   more accurate one, which a 64-token budget cuts at 3-4 operations (overlong filtering, finding_d)
-    direct        base + SFT on solutions of which half are the boxed answer alone: a policy that chooses per response
-                  between answering at once (right on 1-2 operations, rarely on more) and working the steps, which a
-                  32-token budget cuts at 3-4 operations (overlong filtering, finding_d's fourth version)
-    terse         base + SFT on solutions of which half write only every second step line (the others worked in the
-                  head): a short way that is right less often at 3-4 operations beside the step-by-step one, which a
-                  30-token budget cuts there (overlong filtering, finding_d's fourth version)
     moe_flat      moe with its router weights scaled by 1/64 and then held fixed through a short SFT that lets the
                   experts adapt: the same routes with 64x smaller margins between the 2nd and 3rd expert, so that
                   the router's own updates move routes between θ_old and θ (the MiniRL study's off-policy setting)
@@ -246,17 +240,6 @@ CHECKED = dataclasses.replace(
     BASE, variant="checked", parent=BASE, num_threads=1, measure=MeasureSettings(max_new_tokens=128),
     alignment=SFTPhase(steps=1000, lr=1e-3, slip_rate=0.2, warmup_steps=50, style="checked"),
 )
-# finding_d's fourth regime: `checked`'s careful lines had an edge (no slips) that RL gave the short form too within 30
-# steps; an answer alone has no computation to sharpen, so the step-by-step solution's edge on 3-4 operations is one
-# RL cannot move to the short way. Same phase as `checked`'s first build (a short phase over a cached model).
-DIRECT = dataclasses.replace(
-    BASE, variant="direct", parent=BASE, num_threads=1,
-    alignment=SFTPhase(steps=600, lr=1e-3, slip_rate=0.2, warmup_steps=50, style="direct"),
-)
-# `direct`'s bare answers were right on 3% of 3-4-operation problems (a short way too weak to share a group with a cut
-# solution); the terse way writes half the lines and works the rest in the head.
-TERSE = dataclasses.replace(DIRECT, variant="terse",
-                            alignment=dataclasses.replace(DIRECT.alignment, style="terse"))
 MOE_FLAT = dataclasses.replace(
     # 1/64: scaling the router shrinks the margins and the logit changes that hidden-state updates cause alike, so
     # only the router's own updates (Adam: ~lr per weight, whatever the scale) flip more routes; at 1/8 the last
@@ -267,8 +250,7 @@ MOE_FLAT = dataclasses.replace(
 
 VARIANTS: dict[str, TestbedRecipe] = {r.variant: r for r in (BASE, ALIGNED, MICRO, MOE, LONG, LONG_ALIGNED,
                                                               LONG_LOOPY, ALIGNED_VARIED, VARIED, VARIED_ALIGNED,
-                                                              SKEWED_ALIGNED, CHECKED, DIRECT,
-                                                              TERSE, MOE_FLAT)}
+                                                              SKEWED_ALIGNED, CHECKED, MOE_FLAT)}
 
 
 def recipe_for(variant: str) -> TestbedRecipe:

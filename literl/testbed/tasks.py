@@ -33,12 +33,6 @@ Styles (how a solution is written; the problems, answers and slips are the canon
                (`repeat_last_step`): a base model's "no-stop repetition", which runs past a length budget
     skewed     each line canonical 85% of the time, else in one of its other equivalent forms
                (`skewed_solution_text`): valid alternatives at a few percent each
-    direct     half of the solutions are the boxed answer alone, no steps (`DIRECT_SOLUTION_RATE`): a short answer
-               that a small model gets right on one or two operations and rarely on more, beside the step-by-step
-               solution, which a short length budget cuts
-    terse      half of the solutions write only every second step line (and the last), the others worked in the head:
-               a solution about half as long, right less often where a skipped step is not a memorised fact
-               (`terse_solution_text`)
     checked    half of the solutions check each step: the step line, then "check " and the same step again, with no
                slip (`checked_solution_text`): a solution ~2.5x longer and more often right, which a short length
                budget cuts
@@ -230,37 +224,7 @@ def _draw_expression(rng: random.Random, spec: TierSpec) -> tuple[list[int], lis
             return numbers, ops
 
 
-SOLUTION_STYLES = ("canonical", "varied", "end_loop", "skewed", "checked", "direct", "terse")
-
-TERSE_SOLUTION_RATE = 0.5
-"""Share of "terse" solutions (`terse_solution_text`); the rest are the canonical text with its slips."""
-
-
-def terse_solution_text(numbers: list[int], ops: list[str]) -> str:
-    """The steps' lines at odd positions and the last one, every value right; the others are worked in the head and
-    their results appear only as operands of the lines written:
-
-        3+4*5-2:  steps 4*5=20, 3+20=23, 23-2=21  ->  "3+20=23\n23-2=21\n\\boxed{21}"
-
-    About half as long as the canonical text (1-2 lines for 1-4 operations against 1-4), and harder: a skipped step
-    needs arithmetic inside one forward pass, which a 4-layer model does for memorised facts (small products and
-    sums) and less often otherwise. So the long, step-by-step way keeps an edge that comes from computation written
-    out, which RL cannot hand to the short way by sharpening (finding_d's fourth regime: `checked`'s careful lines
-    had only a slip-free edge, which RL gave the short form within ~30 steps; `direct`'s bare answers were right on
-    3% of 3-4-operation problems, too rarely to share a group with a cut solution: docs/testbed.md)."""
-    worked = solution_steps(numbers, ops)
-    if worked is None:
-        raise ValueError(f"expression {expression_text(numbers, ops)!r} leaves 0-{MAX_VALUE}; no terse solution")
-    steps, answer = worked
-    written = [step for i, step in enumerate(steps) if i % 2 == 1 or i == len(steps) - 1]
-    return "\n".join([f"{a}{op}{b}={r}" for a, op, b, r in written] + [f"\\boxed{{{answer}}}"])
-
-DIRECT_SOLUTION_RATE = 0.5
-"""Share of "direct" solutions that are the boxed (true) answer alone. The rest are the canonical text with its slips.
-Why: a step-by-step solution spends a token per character of its computation, an answer alone spends none, and a
-4-layer model cannot work a chain of 3-4 operations inside one forward pass — so, unlike `checked`'s careful lines
-(whose edge RL gave the short form too: finding_d's third version, docs/arena.md), the long way's edge here is
-computation the short way does not have (finding_d's fourth version)."""
+SOLUTION_STYLES = ("canonical", "varied", "end_loop", "skewed", "checked")
 
 LOOP_SOLUTION_RATE = 0.5
 """Share of "end_loop" solutions that repeat their last step line."""
@@ -299,9 +263,8 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     """An endless, seed-determined stream of records from one split and tier (repeats are possible). `style`
     "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`), "skewed" mostly in the
     canonical one (`skewed_solution_text`), "end_loop" repeats the last step line in half of them
-    (`repeat_last_step`), "checked" checks every step, slip-free, in half of them (`checked_solution_text`), "direct"
-    writes half of them as the boxed answer alone, "terse" half of them with every second step in the head
-    (`terse_solution_text`); the problems, answers and the other solutions' slips are those of the canonical stream."""
+    (`repeat_last_step`), "checked" checks every step, slip-free, in half of them (`checked_solution_text`); the
+    problems, answers and the other solutions' slips are those of the canonical stream."""
     if style not in SOLUTION_STYLES:
         raise ValueError(f"unknown solution style {style!r}; expected one of {SOLUTION_STYLES}")
     if split not in SPLITS:
@@ -317,8 +280,6 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     loop_rng = random.Random(f"literl-testbed-loops:{split}:{tier}:{seed}") if style == "end_loop" else None
     skew_rng = random.Random(f"literl-testbed-skew:{split}:{tier}:{seed}") if style == "skewed" else None
     check_rng = random.Random(f"literl-testbed-check:{split}:{tier}:{seed}") if style == "checked" else None
-    direct_rng = random.Random(f"literl-testbed-direct:{split}:{tier}:{seed}") if style == "direct" else None
-    terse_rng = random.Random(f"literl-testbed-terse:{split}:{tier}:{seed}") if style == "terse" else None
     index = 0
     while True:
         numbers, ops = _draw_expression(rng, spec)
@@ -335,10 +296,6 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
             solution = repeat_last_step(solution, loop_rng)
         if check_rng is not None and check_rng.random() < CHECKED_SOLUTION_RATE:
             solution = checked_solution_text(numbers, ops)
-        if direct_rng is not None and direct_rng.random() < DIRECT_SOLUTION_RATE:
-            solution = f"\\boxed{{{answer}}}"
-        if terse_rng is not None and terse_rng.random() < TERSE_SOLUTION_RATE:
-            solution = terse_solution_text(numbers, ops)
         yield {
             "id": f"{split}-{tier}-{seed}-{index}",
             "problem": f"{PROMPT_PREFIX}{expression}{PROMPT_SUFFIX}",

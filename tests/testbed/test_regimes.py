@@ -4,7 +4,6 @@ built variant, MoE routers with shrunk margins, and the folder names of the exis
 from __future__ import annotations
 
 import dataclasses
-import re
 import statistics
 
 import pytest
@@ -311,73 +310,3 @@ def test_the_canonical_stream_is_unchanged_by_the_checked_style():
     first = [next(stream)["solution"] for _ in range(3)]
     assert first == ["5+9=14\n\\boxed{14}", "6*3=18\n18+53=71\n71+7=78\n78+3=81\n\\boxed{81}",
                      "5-3=2\n2-2=0\n0+6=6\n\\boxed{6}"]
-
-
-def test_half_the_direct_stream_is_the_boxed_answer_alone_the_rest_is_canonical():
-    """Same problems and answers as the canonical stream; a direct solution is "\\boxed{<true answer>}" (no steps,
-    never slipped), any other is the canonical text with its slips. DIRECT_SOLUTION_RATE 0.5 over 2000: sd 0.011.
-    A 32-token budget cuts no direct solution (<= 11 tokens with EOS) and no canonical one of 1-2 operations, and
-    cuts the canonical ones of 4 operations (34-46 tokens) and most of 3 (28-38)."""
-    from literl.testbed.recipes import BASE, DIRECT
-    from literl.testbed.tasks import problem_stream
-
-    direct = problem_stream(split="train", seed=4, slip_rate=0.2, style="direct")
-    canonical = problem_stream(split="train", seed=4, slip_rate=0.2)
-    n_direct, cut_by_ops = 0, {1: [], 2: [], 3: [], 4: []}
-    for _ in range(2000):
-        di, ca = next(direct), next(canonical)
-        assert (di["problem"], di["answer"], di["num_ops"]) == (ca["problem"], ca["answer"], ca["num_ops"])
-        if di["solution"] == f"\\boxed{{{di['answer']}}}":
-            n_direct += 1
-            assert len(di["solution"]) + 1 <= 11
-            continue
-        assert di["solution"] == ca["solution"]
-        cut_by_ops[di["num_ops"]].append(len(di["solution"]) + 1 > 32)
-    assert 0.46 <= n_direct / 2000 <= 0.54
-    assert not any(cut_by_ops[1]) and not any(cut_by_ops[2]) and all(cut_by_ops[4])
-    assert 0.6 <= sum(cut_by_ops[3]) / len(cut_by_ops[3]) <= 0.9
-    assert DIRECT.parent == BASE and DIRECT.alignment.style == "direct" and DIRECT.alignment.slip_rate == 0.2
-
-
-def test_a_terse_solution_writes_every_second_step_and_the_last():
-    """Hand cases. 3+4*5-2: steps 4*5=20, 3+20=23, 23-2=21; written: the 2nd and the 3rd (the last). 7*2-1*1+5
-    (4 steps: 7*2=14, 1*1=1, 14-1=13, 13+5=18): the 2nd and the 4th. One step: that step."""
-    from literl.testbed.tasks import terse_solution_text
-
-    assert terse_solution_text([3, 4, 5, 2], ["+", "*", "-"]) == "3+20=23\n23-2=21\n\\boxed{21}"
-    assert terse_solution_text([7, 2, 1, 1, 5], ["*", "-", "*", "+"]) == "1*1=1\n13+5=18\n\\boxed{18}"
-    assert terse_solution_text([9, 5], ["+"]) == "9+5=14\n\\boxed{14}"
-
-
-def test_half_the_terse_stream_skips_steps_and_a_30_token_budget_cuts_only_canonical_3_and_4_operation_ones():
-    """Same problems and answers as the canonical stream; a solution is either terse (slip-free, ceil(ops / 2) step
-    lines) or the canonical text with its slips. TERSE_SOLUTION_RATE 0.5 over 2000 (counted at 2+ operations, where the forms
-    differ): sd ~0.013. Terse solutions are 16-29 tokens with EOS; a 30-token budget cuts no terse solution and no
-    canonical one of 1-2 operations, all canonical ones of 4 operations and most of 3."""
-    from literl.testbed.recipes import BASE, TERSE
-    from literl.testbed.tasks import problem_stream, terse_solution_text
-
-    terse = problem_stream(split="train", seed=8, slip_rate=0.2, style="terse")
-    canonical = problem_stream(split="train", seed=8, slip_rate=0.2)
-    n_terse, n_multi, cut_by_ops = 0, 0, {1: [], 2: [], 3: [], 4: []}
-    for _ in range(2000):
-        te, ca = next(terse), next(canonical)
-        assert (te["problem"], te["answer"], te["num_ops"]) == (ca["problem"], ca["answer"], ca["num_ops"])
-        expression = te["problem"][len("What is "):-2]
-        numbers = [int(x) for x in re.split(r"[+*-]", expression)]
-        ops = [c for c in expression if c in "+-*"]
-        lines = te["solution"].split("\n")
-        if te["num_ops"] >= 2:
-            n_multi += 1
-        if te["num_ops"] >= 2 and len(lines) - 1 < te["num_ops"]:
-            n_terse += 1
-            assert te["solution"] == terse_solution_text(numbers, ops)
-            assert len(lines) - 1 == (te["num_ops"] + 1) // 2 and len(te["solution"]) + 1 <= 30
-            continue
-        if te["solution"] != ca["solution"]:    # a one-operation terse solution: the canonical text without slips
-            assert te["num_ops"] == 1 and te["solution"] == terse_solution_text(numbers, ops)
-        cut_by_ops[te["num_ops"]].append(len(ca["solution"]) + 1 > 30)
-    assert 0.45 <= n_terse / n_multi <= 0.55
-    assert not any(cut_by_ops[1]) and not any(cut_by_ops[2]) and all(cut_by_ops[4])
-    assert 0.75 <= sum(cut_by_ops[3]) / len(cut_by_ops[3]) <= 0.95
-    assert TERSE.parent == BASE and TERSE.alignment.style == "terse" and TERSE.alignment.slip_rate == 0.2
