@@ -26,7 +26,8 @@ Slips: with `slip_rate > 0`, each step's written result is wrong with that proba
 always the true value; only the `solution` text carries slips. Slipped solutions are SFT data for the
 base model, so that it stays imperfect and RL has something to fix.
 
-Styles (how a solution is written; the problems, answers and slips are the canonical stream's in every style):
+Styles (how a solution is written; the problems and answers are the canonical stream's in every style, and so are the
+slips, but for the checked style's checked solutions, which have none):
     canonical  as above
     varied     each line in one of its equivalent forms (`solution_text`)
     end_loop   half of the solutions write their last step line again and again before the boxed answer
