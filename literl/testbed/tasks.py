@@ -204,7 +204,8 @@ def checked_solution_text(numbers: list[int], ops: list[str]) -> str:
     steps, answer = worked
     lines = []
     for left, op, right, result in steps:
-        lines += [f"{left}{op}{right}={result}", f"{CHECK_PREFIX}{left}{op}{right}={result}"]
+        line = _line_text(left, op, right, result, swapped=False, spaced=False)
+        lines += [line, CHECK_PREFIX + line]
     return "\n".join(lines + [f"\\boxed{{{answer}}}"])
 
 
@@ -287,6 +288,7 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
         expression = expression_text(numbers, ops)
         if split_of(expression) != split:
             continue
+        # Slips are drawn for every record, a checked one too, so the other solutions keep the canonical stream's.
         worked = None
         while worked is None:   # a slip can push a later value out of range: draw the slips again
             worked = solution_steps(numbers, ops, slip_rate=slip_rate, rng=slip_rng)
