@@ -38,10 +38,18 @@ for body in qwen3-0.6b qwen3-1.7b; do     # a process each: each body's compile 
   timeout 150 python3 benchmarks/gpu_step.py --models $body --steps 2 --warmup 2 --compile-update --no-hf \
     --no-kernels --profile "$OUT/profile" >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"; echo "rc=$?" >> "$OUT/steps.err"
 done
+# 1b. the same 0.6B step with whole rows packed (each its own copy of its prompt): what sharing the prompts gains,
+#     measured on the same machine in the same call
+mark "qwen3-0.6b, update compiled, whole prompts"
+timeout 150 python3 benchmarks/gpu_step.py --models qwen3-0.6b --steps 2 --warmup 2 --compile-update --no-hf \
+  --no-kernels --whole-prompts >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"; echo "rc=$?" >> "$OUT/steps.err"
 # 2. the GPU tests (the graphs against the eager step, bf16 masters, packed kernels, compiled packed layers, no host
 #    sync in the micro-batch loop)
 mark "pytest -m gpu"
 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/pytest_gpu.log" 2>&1
+echo "rc=$?" >> "$OUT/pytest_gpu.log"
+# (and the plugin tests, whose subprocesses need the carried packages' PYTHONPATH: they failed on the GPU image)
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_plugins.py >> "$OUT/pytest_gpu.log" 2>&1
 echo "rc=$?" >> "$OUT/pytest_gpu.log"
 # 3. eager, each packed attention kernel timed (HF generate against the rollout: measured on an H100 on 2026-11-27,
 #    `--no-hf` saves its ~50 s here); then the MoE while time is left

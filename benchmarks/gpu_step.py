@@ -22,6 +22,8 @@ Per body, after `--warmup` untimed steps (probes, `trainer.micro_batch_tokens=au
                                second of two calls (hf_generate_first_call_s: the first, with its one-off costs)
     literl_over_hf             rollout_tok_s / hf_tok_s
     update_s_steps, update_mfu_steps   each timed step's own update seconds and MFU (steps differ in tokens)
+    stream_tokens, shared_prompts   the tokens the update's packed stream runs through the layers, and whether
+                               it shares each distinct prompt among its rows (`--whole-prompts`: never)
     update_s, update_mfu       the learner's update (forwards, backwards, optimizer step); FLOPs counted as the
                                issue defines them: 6 · N · trained tokens + causal attention (6 · S² · heads ·
                                head dim per layer and row of S tokens), N = the matmul weights a token goes through
@@ -204,6 +206,7 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
     import literl
     from literl.components import build_components
     from literl.model.compiled import compile_seconds
+    from literl.model.packing import pack_rows
     from literl.testbed.tasks import train_problems
     from literl.testbed.tokenizer import build_char_tokenizer
     from literl.training.trainer import Trainer
@@ -231,6 +234,8 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
                              reward_fns=[digit_fraction])
     trainer = Trainer(parts)
     seen = _instrument(parts)
+    # The MoE body replays its routes (r3), which the packed route reads by batch row: never shared there.
+    shared = parts.policy_forward.shares_packed_prompts and "num_experts" not in spec
     # The profiled update is one more step after the timed ones: the profiler's overhead stays out of the medians.
     extra = 1 if profile_dir else 0
     profiled = profile_one_update(parts, device, profile_dir, name, warmup + steps + 1) if extra else {}
@@ -254,6 +259,8 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             records.append({
                 "step_s": step_s, "rollout_s": seen["generate_s"], "generated_tokens": seen["generated"],
                 "update_s": metrics["time/update"], "trained_tokens": float(train.loss_mask_BT.sum()),
+                "stream_tokens": float(pack_rows(train.tokens_BL, train.prompt_len_B, train.mask_BT,
+                                                 share_prompts=shared).tokens),
                 "update_flops": update_flops(model, train), "peak_memory_gib": _peak_gib(device)})
         prompts = seen["prompts"]
         # Twice: HF's first call in a process pays one-off costs per new shape (on cu13 builds cuDNN's SDPA builds
@@ -279,7 +286,8 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             "rollout_tok_s": rollout_tok_s, "hf_generate_s": hf_s, "hf_generate_first_call_s": hf_cold_s,
             "hf_tokens": hf_tokens, "hf_tok_s": hf_tok_s,
             "literl_over_hf": rollout_tok_s / hf_tok_s if hf else None, "update_s": row["update_s"],
-            "trained_tokens": row["trained_tokens"], "update_tflops": tflops,
+            "trained_tokens": row["trained_tokens"], "stream_tokens": row["stream_tokens"],
+            "shared_prompts": shared, "update_tflops": tflops,
             "update_mfu": tflops / peak_tflops if peak_tflops else None,
             "peak_memory_gib": row["peak_memory_gib"], "first_step_s": first_step_s,
             "compiled": compile,
@@ -366,6 +374,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="trainer.compile=true alone: the update's packed layers compiled, the rollout eager")
     parser.add_argument("--decode", default="auto", help="rollout.decode for the runs (auto, static, fixed)")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate (its figures: null)")
+    parser.add_argument("--whole-prompts", action="store_true",
+                        help="pack whole rows, each with its own copy of its prompt (the default shares each "
+                             "distinct prompt where the kernel can: capabilities.SHARED_PACKED_PROMPTS)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="profile one more step's update: operator table in DIR, kinds in the row")
     args = parser.parse_args(argv)
@@ -374,6 +385,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         logging.getLogger(logger).setLevel(logging.INFO)
         if not logging.getLogger(logger).handlers:
             logging.getLogger(logger).addHandler(logging.StreamHandler(sys.stderr))
+    if args.whole_prompts:
+        from literl.model import capabilities
+
+        capabilities.SHARED_PACKED_PROMPTS = ()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     tiny = args.tiny or device.type == "cpu"
     peak = args.peak_tflops or (H100_BF16_TFLOPS if device.type == "cuda" else None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -168,13 +169,15 @@ def packed(stream, kernel: str):
     device), each token over its own row's tokens up to itself. Kernels:
 
         varlen         `torch.nn.attention.varlen.varlen_attn`: flash attention over the row starts, no padding, no
-                       mask, grouped-query heads natively (CUDA, 16-bit inputs)
+                       mask, grouped-query heads natively (CUDA, 16-bit inputs); with shared prompts each segment's
+                       keys gathered (its prompt's, then its own) and the causal mask aligned at their ends
         padded         the stream scattered into right-padded [rows, width] rows, then SDPA with `is_causal` and
                        `enable_gqa` and no mask (with a mask, no flash kernel applies), on CUDA restricted to the
                        flash, memory-efficient and math kernels (cuDNN's builds a graph for every new shape); a
                        row's padding comes after its tokens, so causal attention never reaches it
-        document_mask  SDPA over the whole stream with an [M, M] same-row-and-causal mask: O(M²) memory, the
-                       reference the others are tested against
+        document_mask  SDPA over the whole stream with an [M, M] same-row-and-causal mask (with shared prompts: a
+                       token's row and its prompt, up to its position): O(M²) memory, the reference the others are
+                       tested against
 
     Under autocast the kernels take its dtype (a custom kernel like varlen's is not autocast by torch)."""
     def attend(attn, query_MQD, key_MJD, value_MJD):
@@ -202,25 +205,53 @@ def _in_autocast_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def _varlen(stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch.Tensor:
     options = varlen_options(scale, query_MQD.shape[-1], grouped=query_MQD.shape[1] != key_MJD.shape[1])
-    return varlen_kernel(query_MQD, key_MJD, value_MJD, stream.cu_R1, stream.width, options)
+    return varlen_segments(query_MQD, key_MJD, value_MJD, VarlenLayout.of(stream), options)
 
 
-def varlen_kernel(query_MQD, key_MJD, value_MJD, cu_R1: torch.Tensor, width: int, options: dict) -> torch.Tensor:
-    """`torch.nn.attention.varlen.varlen_attn`, causal over each row (cu_R1: the rows' starts, `width`: the longest
-    row), with `varlen_options`' keywords."""
+@dataclass(frozen=True)
+class VarlenLayout:
+    """What the varlen kernel needs of a packed stream (`packing.PackedRows`): the segments' starts and longest
+    length, and with shared prompts the keys each segment reads (`key_K`, `cu_K1`, `key_width`; else None, 0)."""
+
+    cu_R1: torch.Tensor
+    width: int
+    key_K: torch.Tensor | None = None
+    cu_K1: torch.Tensor | None = None
+    key_width: int = 0
+
+    @classmethod
+    def of(cls, stream) -> "VarlenLayout":
+        return cls(stream.cu_R1, stream.width, stream.key_K, stream.cu_K1, stream.key_width)
+
+
+def varlen_segments(query_MQD, key_MJD, value_MJD, layout: VarlenLayout, options: dict) -> torch.Tensor:
+    """Causal attention within each segment of a packed stream through `varlen_kernel`; with shared prompts each
+    segment's keys and values gathered first (its prompt's, then its own), more keys than queries, the causal mask
+    aligned at the segment's end (flash attention's convention)."""
+    if layout.key_K is None:
+        return varlen_kernel(query_MQD, key_MJD, value_MJD, layout.cu_R1, layout.cu_R1, layout.width, layout.width,
+                             options)
+    return varlen_kernel(query_MQD, key_MJD.index_select(0, layout.key_K), value_MJD.index_select(0, layout.key_K),
+                         layout.cu_R1, layout.cu_K1, layout.width, layout.key_width, options)
+
+
+def varlen_kernel(query_MQD, key_KJD, value_KJD, cu_Q1: torch.Tensor, cu_K1: torch.Tensor, max_q: int, max_k: int,
+                  options: dict) -> torch.Tensor:
+    """`torch.nn.attention.varlen.varlen_attn`, causal within each segment (cu_Q1, cu_K1: the segments' starts in
+    the queries and keys, max_q, max_k: the longest), with `varlen_options`' keywords."""
     from torch.nn.attention.varlen import varlen_attn
 
-    return varlen_attn(query_MQD, key_MJD, value_MJD, cu_R1, cu_R1, width, width, **options)
+    return varlen_attn(query_MQD, key_KJD, value_KJD, cu_Q1, cu_K1, max_q, max_k, **options)
 
 
-def varlen_in_graph(cu_R1: torch.Tensor, width: int, options: dict):
+def varlen_in_graph(layout: VarlenLayout, options: dict):
     """`packed` with the varlen kernel, for a layer compiled whole (`packing.compiled_varlen_layer`): varlen_attn is
-    a custom operator with a fake kernel, so torch.compile traces it as one node of the layer's graph, the rows'
-    starts a tensor input and the width a symbolic int; a layer is then one graph forward and one backward, not
-    two graphs with an eager kernel between them (on an H100 the host's cost per layer call was what the GPU
-    waited for: docs/speed.md)."""
+    a custom operator with a fake kernel, so torch.compile traces it as one node of the layer's graph, the
+    segments' starts (and shared prompts' key positions) tensor inputs and the lengths symbolic ints; a layer is
+    then one graph forward and one backward, not two graphs with an eager kernel between them (on an H100 the
+    host's cost per layer call was what the GPU waited for: docs/speed.md)."""
     def attend(attn, query_MQD, key_MJD, value_MJD):
-        return varlen_kernel(*_in_autocast_dtype(query_MQD, key_MJD, value_MJD), cu_R1, width, options).flatten(1)
+        return varlen_segments(*_in_autocast_dtype(query_MQD, key_MJD, value_MJD), layout, options).flatten(1)
 
     return attend
 
@@ -255,6 +286,8 @@ def varlen_options(scale: float, head_dim: int, grouped: bool) -> dict:
 
 
 def _padded_rows(stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch.Tensor:
+    if stream.shares_prompts:
+        raise ValueError("the padded kernel attends within whole rows: pack them without shared prompts")
     R, W = stream.rows, stream.width
     query_RQWD, key_RJWD, value_RJWD = (padded(x, stream.slot_M, R, W) for x in (query_MQD, key_MJD, value_MJD))
     with _without_cudnn(query_MQD.device):
@@ -273,8 +306,17 @@ def _without_cudnn(device: torch.device):
 
 def _document_mask(stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch.Tensor:
     M = query_MQD.shape[0]
-    causal_MM = torch.ones(M, M, dtype=torch.bool, device=query_MQD.device).tril()
-    allowed_MM = causal_MM & (stream.row_M[:, None] == stream.row_M[None, :])
+    if stream.shares_prompts:
+        # A token sees the keys of its segment (its prompt's and its own) up to its own position in the row.
+        segment_M = torch.searchsorted(stream.cu_R1[1:].long(), torch.arange(M, device=query_MQD.device), right=True)
+        key_segment_K = torch.searchsorted(stream.cu_K1[1:].long(), torch.arange(len(stream.key_K),
+                                                                                 device=query_MQD.device), right=True)
+        member_RM = torch.zeros(stream.rows, M, dtype=torch.bool, device=query_MQD.device)
+        member_RM[key_segment_K, stream.key_K] = True
+        allowed_MM = member_RM[segment_M] & (stream.position_M[None, :] <= stream.position_M[:, None])
+    else:
+        causal_MM = torch.ones(M, M, dtype=torch.bool, device=query_MQD.device).tril()
+        allowed_MM = causal_MM & (stream.row_M[:, None] == stream.row_M[None, :])
     out_1QMD = F.scaled_dot_product_attention(query_MQD.transpose(0, 1)[None], key_MJD.transpose(0, 1)[None],
                                               value_MJD.transpose(0, 1)[None], attn_mask=allowed_MM, scale=scale,
                                               enable_gqa=True)

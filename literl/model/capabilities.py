@@ -19,6 +19,9 @@
     packed_kernel   per compute dtype: the attention kernel of the packed route (whole rows as one token stream
                     without padding, `literl.model.packing`) on this model's device, or None where the update does
                     not pack (`PACKED_ROUTE`)
+    packed_prompts_shared   per kernel and compute dtype: whether the packed stream runs each distinct prompt once
+                    for the rows that continue it (`SHARED_PACKED_PROMPTS`), its probe matching the model's own
+                    forward
 
 Structure is read from the modules and config; each numerical probe runs once per model, on a few tokens, the
 first time its answer is needed, and compares the mode with the model's own forward, within a tolerance scaled to
@@ -27,7 +30,7 @@ why; an out-of-memory or an accelerator backend error during a probe is raised, 
 
 Device choices made here by measurement (or, where no measurement exists yet, said so): `records_forward` (the
 update replaying the rollout's forward: CPU only), `PACKED_ROUTE` (which devices pack rows, with which kernels),
-and `micro_batch_tokens` (`trainer.micro_batch_tokens=auto`: sized from free accelerator memory).
+`SHARED_PACKED_PROMPTS` (which of those kernels share prompts), and `micro_batch_tokens` (`trainer.micro_batch_tokens=auto`: sized from free accelerator memory).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class Capabilities:
     def __init__(self, model: torch.nn.Module):
         self._model = weakref.ref(model)
         self._packed: dict[torch.dtype | None, str | None] = {}
+        self._shared_packed: dict[tuple[str, torch.dtype | None], bool] = {}
 
     @property
     def model(self) -> torch.nn.Module:
@@ -129,6 +133,16 @@ class Capabilities:
                 self.model, f"the packed training forward ({kernel} attention)", _packed_matches, kernel, dtype)),
                 None)
         return self._packed[dtype]
+
+    def packed_prompts_shared(self, kernel: str, dtype: torch.dtype | None = None) -> bool:
+        """Whether the packed route with `kernel`, computing in `dtype`, runs each distinct prompt once for the
+        rows that continue it (`SHARED_PACKED_PROMPTS`, and the shared stream's probe matches the model's own)."""
+        key = (kernel, dtype)
+        if key not in self._shared_packed:
+            self._shared_packed[key] = kernel in SHARED_PACKED_PROMPTS and _probing(
+                self.model, f"sharing prompts in the packed training forward ({kernel} attention)", _packed_matches,
+                kernel, dtype, True)
+        return self._shared_packed[key]
 
 
 def attention_window(model: torch.nn.Module) -> int | None:
@@ -309,6 +323,12 @@ RECORD_REPLAY_DEVICES = ("cpu",)
 # (docs/speed.md). CPU packs nothing: its shared-prompt and replayed forwards are measured faster there (each
 # distinct prompt runs once, the record skips the forward matmuls) and keep the default job's numbers.
 PACKED_ROUTE: dict[str, tuple[str, ...]] = {"cuda": ("varlen", "padded")}
+# The packed kernels whose stream shares each distinct prompt among the rows that continue it (`packing`, module
+# docstring): a GRPO group's prompt runs through the layers once instead of once per row, its keys and values
+# gathered for each response. On the GPU benchmark's workload (testbed prompts of ~15-30 tokens, responses of
+# ~115) about an eighth of the stream's tokens; with the varlen kernel a segment then has more keys than queries,
+# which its causal mask aligns at the segment's end. `padded` attends within whole rows only.
+SHARED_PACKED_PROMPTS: tuple[str, ...] = ("varlen", "document_mask")
 
 
 def records_forward(device: torch.device) -> bool:
@@ -316,15 +336,22 @@ def records_forward(device: torch.device) -> bool:
     return torch.device(device).type in RECORD_REPLAY_DEVICES
 
 
-def _packed_matches(model: torch.nn.Module, kernel: str, dtype: torch.dtype | None) -> bool:
-    """The packed forward of three rows of different lengths, computing in `dtype`, against the decoder's own
-    forward on the right-padded rows (in the same precision): hidden states at every response predictor."""
+def _packed_matches(model: torch.nn.Module, kernel: str, dtype: torch.dtype | None, share_prompts: bool = False
+                    ) -> bool:
+    """The packed forward of rows of different lengths, computing in `dtype`, against the decoder's own forward on
+    the right-padded rows (in the same precision): hidden states at every response predictor. `share_prompts`: three
+    of four rows continue one prompt (one of them with a single response token), packed with it shared."""
     vocab, device = _vocab_and_device(model)
-    rows = [[3, 4, 5, 6, 7, 8, 9], [3, 4, 10], [11, 12, 13, 14, 15]]
-    prompt_len_B = torch.tensor([3, 2, 1])
+    if share_prompts:
+        rows, prompt_len_B = [[3, 4, 5, 6, 7, 8, 9], [3, 4, 5, 10, 11], [3, 4, 5, 12], [13, 14, 15, 16]], [3, 3, 3, 1]
+    else:
+        rows, prompt_len_B = [[3, 4, 5, 6, 7, 8, 9], [3, 4, 10], [11, 12, 13, 14, 15]], [3, 2, 1]
+    prompt_len_B = torch.tensor(prompt_len_B)
     tokens_BL = torch.tensor([[t % vocab for t in r] + [0] * (7 - len(r)) for r in rows])
     valid_BT = torch.arange(6)[None, :] < (torch.tensor([len(r) for r in rows]) - prompt_len_B)[:, None]
-    packed = pack_rows(tokens_BL, prompt_len_B, valid_BT)
+    packed = pack_rows(tokens_BL, prompt_len_B, valid_BT, share_prompts=share_prompts)
+    if share_prompts and not packed.shares_prompts:
+        raise ProbeMismatch("the probe's rows were not packed with a shared prompt")
     decoder = model.get_decoder()
     with computing_in(model, dtype):
         got_PH = packed_layers(decoder, packed.to(device), kernel)
@@ -392,9 +419,13 @@ def _update_memory(policy_forward) -> tuple[float, float]:
     params = [p for p in model.parameters() if p.requires_grad]
     peaks, counts = [], []
     generator = torch.Generator().manual_seed(0)
+    share = policy_forward.shares_packed_prompts
     for probe, tokens in enumerate((AUTO_PROBE_TOKENS[0], *AUTO_PROBE_TOKENS)):
         rows, width = tokens // 256, 256
         tokens_BL = torch.randint(vocab, (rows, width), generator=generator)
+        # Rows in pairs continuing one prompt of one token, so that a forward sharing prompts runs the stream (and
+        # the compiled graph) the update will.
+        tokens_BL[:, 0] = torch.arange(rows) // 2 % vocab
         prompt_len_B = torch.ones(rows, dtype=torch.long)
         mask_BT = torch.ones(rows, width - 1, dtype=torch.bool)
         torch.cuda.synchronize(device)
@@ -409,7 +440,7 @@ def _update_memory(policy_forward) -> tuple[float, float]:
         torch.cuda.synchronize(device)
         if probe > 0:
             peaks.append(torch.cuda.max_memory_allocated(device) - base)
-            counts.append(rows * (width - 1))   # a row's stream: its prompt token and all but its last response token
+            counts.append(pack_rows(tokens_BL, prompt_len_B, mask_BT, share_prompts=share).tokens)
     per_token = (peaks[1] - peaks[0]) / (counts[1] - counts[0])
     gradients = sum(p.numel() * p.element_size() for p in params)
     return per_token, max(0.0, peaks[0] - per_token * counts[0] - gradients)

@@ -12,6 +12,19 @@ to tell it a shape: no `.item()`, `nonzero` or boolean indexing on device tensor
 host until the device catches up (a micro-batch loop with tens of those per micro-batch leaves the GPU idle
 between kernels).
 
+With `share_prompts=True` (`pack_rows`) rows that continue the same prompt (a GRPO group) share it: each distinct
+prompt is one segment of the stream, run through the layers once, and each row's response is a segment of its own
+whose attention reads its prompt's keys and values (gathered, `key_K`) before its own:
+
+    stream  prompt a | prompt b | row 0's response | row 1's response | …     (rows 0, 1 continue prompt a)
+    keys    prompt a | prompt b | prompt a, row 0's response | prompt a, row 1's response | …
+
+a response token at offset i of its segment sees its prompt and its segment's tokens up to i (causal attention
+aligned at the segments' ends, as flash attention's varlen kernel aligns it when a segment has more keys than
+queries). The values are the whole rows' — same tokens, same positions — and in backward the rows' gradients reach
+the shared prompt and add up, as the CPU's shared-prompt forward does (`literl.model.forward`). The response token
+predicted by the prompt's last token reads that token's shared hidden state.
+
 The layers are `literl.model.layer.decoder_layer` with the `attention.packed` maker: the same body as every other
 pass, only the attention sees the rows' boundaries.
 """
@@ -26,26 +39,33 @@ import torch
 
 from literl.model import attention
 from literl.model.compiled import compile_for_varying_sizes
-from literl.model.kernels import apply_norm, gather_distinct_rows
+from literl.model.kernels import apply_norm, gather_distinct_rows, repeat_rows
 from literl.model.layer import decoder_layer, routed_linears
 from literl.model.moe import TokenRoutes
 
 _INDEX_FIELDS = ("ids_M", "position_M", "row_M", "slot_M", "predictor_P", "target_P", "flat_P", "cu_R1")
+_KEY_FIELDS = ("key_K", "cu_K1")
 
 
 @dataclass
 class PackedRows:
-    """Rows as one token stream (M tokens), and the P response tokens whose log-probs the stream gives.
+    """Rows as one token stream (M tokens) in R segments, and the P response tokens whose log-probs it gives.
 
     ids_M, position_M   token ids and rotary positions (a token's column in its row: 0 at the row's first)
-    row_M               the batch row of each token (b, not the packed row index: MoE routes are read by it)
-    slot_M              packed row · width + position: the token's place in a right-padded [rows, width] layout
-    cu_R1               row starts in the stream, rows + 1 entries (int32 on the device, as varlen kernels take)
+    row_M               the batch row of each token (b, not the segment index: MoE routes are read by it; a shared
+                        prompt's tokens carry the first row of their prompt)
+    slot_M              segment · width + offset: the token's place in a right-padded [rows, width] layout
+    cu_R1               segment starts in the stream, rows + 1 entries (int32 on the device, as varlen kernels
+                        take); a segment is a whole row, or with shared prompts a distinct prompt or a response
     predictor_P         the stream position whose output predicts each response token, row-major over valid_BT
     target_P            that response token's id
     flat_P              b · T + t of each: where its log-prob goes in a [B, T] map
-    rows, width         packed rows and the longest one's length (Python ints: shapes the host knows)
+    rows, width         segments and the longest one's length (Python ints: shapes the host knows)
     batch_rows, T       the [B, T] shape of the log-probs
+    key_K, cu_K1        shared prompts only (else None): the stream position of every key each segment attends
+                        over, segment after segment (a response's: its prompt's, then its own), and where each
+                        segment's keys start
+    key_width           the longest segment's keys (0 without shared prompts)
     """
 
     ids_M: torch.Tensor
@@ -60,6 +80,13 @@ class PackedRows:
     width: int
     batch_rows: int
     T: int
+    key_K: torch.Tensor | None = None
+    cu_K1: torch.Tensor | None = None
+    key_width: int = 0
+
+    @property
+    def shares_prompts(self) -> bool:
+        return self.key_K is not None
 
     @property
     def tokens(self) -> int:
@@ -69,24 +96,33 @@ class PackedRows:
         """The same rows on `device`: every index tensor in one pinned buffer, copied without blocking the host."""
         if device.type == "cpu":
             return self
-        parts = [getattr(self, name) for name in _INDEX_FIELDS]
+        names = _INDEX_FIELDS + (_KEY_FIELDS if self.shares_prompts else ())
+        parts = [getattr(self, name) for name in names]
         flat = torch.cat([part.long() for part in parts])
         if device.type == "cuda":
             flat = flat.pin_memory()
         flat = flat.to(device, non_blocking=True)
-        moved = dict(zip(_INDEX_FIELDS, flat.split([part.numel() for part in parts])))
-        moved["cu_R1"] = moved["cu_R1"].to(torch.int32)
+        moved = dict(zip(names, flat.split([part.numel() for part in parts])))
+        for starts in ("cu_R1", "cu_K1"):
+            if starts in moved:
+                moved[starts] = moved[starts].to(torch.int32)
         return dataclasses.replace(self, **moved)
 
 
-def pack_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, valid_BT: torch.Tensor) -> PackedRows:
+def pack_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, valid_BT: torch.Tensor, *,
+              share_prompts: bool = False) -> PackedRows:
     """The stream of the rows' tokens up to each row's last predictor of a valid response token (valid_BT must be
-    a prefix of each row's response mask), on the CPU. Rows without a valid token are left out."""
+    a prefix of each row's response mask), on the CPU. Rows without a valid token are left out. `share_prompts`:
+    rows continuing the same prompt share it (the module docstring), where at least two rows do."""
     tokens_BL, prompt_len_B, valid_BT = tokens_BL.cpu(), prompt_len_B.cpu().long(), valid_BT.cpu().bool()
     B, T = valid_BT.shape
     if B and int(prompt_len_B.min()) < 1:
         raise ValueError("every row needs a prompt of at least one token")
     count_B = valid_BT.sum(-1)
+    if share_prompts:
+        shared = _shared_prompt_rows(tokens_BL, prompt_len_B, valid_BT, count_B)
+        if shared is not None:
+            return shared
     # Response token t is predicted at position prompt_len − 1 + t: a row needs its first prompt_len + count − 1.
     length_B = torch.where(count_B > 0, prompt_len_B + count_B - 1, torch.zeros_like(count_B)).clamp(
         max=tokens_BL.shape[1])
@@ -108,6 +144,61 @@ def pack_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, valid_BT: tor
         cu_R1=cu_R1, rows=len(kept_R), width=width, batch_rows=B, T=T)
 
 
+def _shared_prompt_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, valid_BT: torch.Tensor,
+                        count_B: torch.Tensor) -> PackedRows | None:
+    """`pack_rows` with each distinct prompt once; None when no two kept rows continue the same prompt."""
+    B, T = valid_BT.shape
+    kept = [b for b in range(B) if count_B[b] > 0]
+    prompt_of: dict[tuple[int, ...], int] = {}
+    group_B = torch.full((B,), -1, dtype=torch.long)
+    for b in kept:
+        group_B[b] = prompt_of.setdefault(tuple(tokens_BL[b, :prompt_len_B[b]].tolist()), len(prompt_of))
+    if len(prompt_of) == len(kept):
+        return None
+    first_G = torch.full((len(prompt_of),), B, dtype=torch.long).scatter_reduce(
+        0, group_B[kept], torch.tensor(kept), "amin")
+    prompt_len_G = prompt_len_B[first_G]
+    # Segments: the G prompts, then one per row with a response token to feed (a row whose only valid token is
+    # predicted by its prompt's last token has none).
+    answered_A = torch.tensor([b for b in kept if count_B[b] > 1], dtype=torch.long)
+    length_A = count_B[answered_A] - 1
+    length_S = torch.cat([prompt_len_G, length_A])
+    cu_S1 = torch.cat([torch.zeros(1, dtype=torch.long), length_S.cumsum(0)])
+    segment_M = torch.repeat_interleave(torch.arange(len(length_S)), length_S)
+    offset_M = torch.arange(int(cu_S1[-1])) - cu_S1[segment_M]
+    G = len(prompt_len_G)
+    is_prompt_M = segment_M < G
+    row_S = torch.cat([first_G, answered_A])
+    row_M = row_S[segment_M]
+    # A response segment starts at its row's prompt length: token prompt_len + offset of its row.
+    position_M = offset_M + torch.where(is_prompt_M, 0, prompt_len_B[row_M])
+    # Keys: a prompt segment its own tokens; a response segment its prompt's, then its own.
+    prompt_start_G = cu_S1[:G]
+    group_A = group_B[answered_A]
+    key_length_S = torch.cat([prompt_len_G, prompt_len_G[group_A] + length_A])
+    cu_K1 = torch.cat([torch.zeros(1, dtype=torch.long), key_length_S.cumsum(0)])
+    key_segment_K = torch.repeat_interleave(torch.arange(len(length_S)), key_length_S)
+    key_offset_K = torch.arange(int(cu_K1[-1])) - cu_K1[key_segment_K]
+    # The key's prompt (for a response segment: its row's group) and how many of its keys are prompt tokens.
+    key_group_K = torch.where(key_segment_K < G, key_segment_K, group_B[row_S[key_segment_K]])
+    in_prompt_K = (key_segment_K < G) | (key_offset_K < prompt_len_G[key_group_K])
+    key_K = torch.where(in_prompt_K, prompt_start_G[key_group_K] + key_offset_K,
+                        cu_S1[key_segment_K] + key_offset_K - prompt_len_G[key_group_K])
+    segment_of_row_B = torch.full((B,), -1, dtype=torch.long)
+    segment_of_row_B[answered_A] = torch.arange(G, G + len(answered_A))
+    b_P, t_P = valid_BT.nonzero(as_tuple=True)
+    first_token_P = t_P == 0
+    predictor_P = torch.where(first_token_P, prompt_start_G[group_B[b_P]] + prompt_len_B[b_P] - 1,
+                              cu_S1[segment_of_row_B[b_P].clamp(min=0)] + t_P - 1)
+    position_P = prompt_len_B[b_P] - 1 + t_P
+    width = int(length_S.max())
+    return PackedRows(
+        ids_M=tokens_BL[row_M, position_M], position_M=position_M, row_M=row_M, slot_M=segment_M * width + offset_M,
+        predictor_P=predictor_P, target_P=tokens_BL[b_P, (position_P + 1).clamp(max=tokens_BL.shape[1] - 1)],
+        flat_P=b_P * T + t_P, cu_R1=cu_S1, rows=len(length_S), width=width, batch_rows=B, T=T, key_K=key_K,
+        cu_K1=cu_K1, key_width=int(key_length_S.max()))
+
+
 def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes | None = None, *,
                   compiled: bool = False) -> torch.Tensor:
     """hidden_PH (final norm applied) of the stream positions that predict response tokens: every layer on the
@@ -123,7 +214,8 @@ def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes 
     if compiled and routes is None and kernel == "varlen":
         layer_step, options = compiled_varlen_layer(), attention.varlen_options_of(decoder.layers[0].self_attn)
         for layer in decoder.layers:
-            hidden_MH = layer_step(layer, hidden_MH, cos_M1D, sin_M1D, packed.cu_R1, packed.width, options)
+            hidden_MH = layer_step(layer, hidden_MH, cos_M1D, sin_M1D, packed.cu_R1, packed.width, packed.key_K,
+                                   packed.cu_K1, packed.key_width, options)
     elif compiled and routes is None:
         layer_step = compiled_packed_layer()
         for layer in decoder.layers:
@@ -132,7 +224,10 @@ def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes 
         attend = attention.packed(packed, kernel)
         for layer, linears in zip(decoder.layers, routed_linears(decoder.layers, routes)):
             hidden_MH = decoder_layer(layer, hidden_MH, cos_M1D, sin_M1D, attention=attend, linears=linears)
-    return apply_norm(decoder.norm, gather_distinct_rows(hidden_MH, packed.predictor_P))
+    # With shared prompts the prompts' last tokens predict the first response token of every row continuing them:
+    # a gather with repeats, whose backward adds.
+    gather = repeat_rows if packed.shares_prompts else gather_distinct_rows
+    return apply_norm(decoder.norm, gather(hidden_MH, packed.predictor_P))
 
 
 def packed_layer(layer, hidden_MH: torch.Tensor, cos_M1D: torch.Tensor, sin_M1D: torch.Tensor, packed: PackedRows,
@@ -154,9 +249,12 @@ def compiled_packed_layer():
 
 
 def varlen_layer(layer, hidden_MH: torch.Tensor, cos_M1D: torch.Tensor, sin_M1D: torch.Tensor, cu_R1: torch.Tensor,
-                 width: int, options: dict) -> torch.Tensor:
-    """One layer of `packed_layers` with the varlen kernel, traced whole (`attention.varlen_in_graph`)."""
-    return decoder_layer(layer, hidden_MH, cos_M1D, sin_M1D, attention=attention.varlen_in_graph(cu_R1, width, options))
+                 width: int, key_K: torch.Tensor | None, cu_K1: torch.Tensor | None, key_width: int, options: dict
+                 ) -> torch.Tensor:
+    """One layer of `packed_layers` with the varlen kernel, traced whole (`attention.varlen_in_graph`); the
+    stream's layout comes as separate arguments, so that its lengths are symbolic ints of the graph."""
+    layout = attention.VarlenLayout(cu_R1, width, key_K, cu_K1, key_width)
+    return decoder_layer(layer, hidden_MH, cos_M1D, sin_M1D, attention=attention.varlen_in_graph(layout, options))
 
 
 @functools.cache
@@ -164,10 +262,11 @@ def compiled_varlen_layer():
     """`varlen_layer` through `torch.compile`: the layer and its attention in one graph forward and one backward
     (`compiled_packed_layer` calls two graphs and an eager kernel per layer, whose host cost the GPU waited for
     in the 0.6B body's update: docs/speed.md). One graph serves every layer, stream length and width (the width
-    is a symbolic int: no recompile per micro-batch); a stream of one token or rows of one token run eagerly."""
+    is a symbolic int: no recompile per micro-batch); a stream of one token or rows of one token run eagerly. A
+    stream with shared prompts is a graph of its own (the keys' gather in it)."""
     return compile_for_varying_sizes(varlen_layer, name="a packed layer (varlen in the graph)",
-                                     eager_when=lambda layer, hidden_MH, cos, sin, cu_R1, width, options:
-                                     hidden_MH.shape[0] < 2 or width < 2)
+                                     eager_when=lambda layer, hidden_MH, cos, sin, cu_R1, width, key_K, cu_K1,
+                                     key_width, options: hidden_MH.shape[0] < 2 or width < 2)
 
 
 def unpacked(values_P: torch.Tensor, packed: PackedRows) -> torch.Tensor:

@@ -119,6 +119,13 @@ class PolicyForward:
             return self.packed
         return capabilities(self.model).packed_kernel(self.compute_dtype)
 
+    @property
+    def shares_packed_prompts(self) -> bool:
+        """Whether the packed route runs each distinct prompt once for the rows that continue it
+        (`capabilities.packed_prompts_shared`; never with MoE routes replayed: they are read by batch row)."""
+        kernel = self.packed_kernel
+        return kernel is not None and capabilities(self.model).packed_prompts_shared(kernel, self.compute_dtype)
+
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Count this optimizer's steps: a record made before a step never stands in for the weights after it."""
         if self.recorder is not None:
@@ -286,8 +293,10 @@ class PolicyForward:
     def _packed_logprobs(self, tokens_BL, prompt_len_B, valid_BT, with_entropy: bool, routing: Routing | None
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The packed route: the rows' stream laid out on the CPU (every shape and index known there, so nothing
-        waits on the device), moved in one copy, run through the layers and the head."""
-        packed = pack_rows(tokens_BL, prompt_len_B, valid_BT)
+        waits on the device), moved in one copy, run through the layers and the head. Prompts are shared where
+        `shares_packed_prompts` says, except with MoE routes (read by each token's batch row)."""
+        share = routing is None and self.shares_packed_prompts
+        packed = pack_rows(tokens_BL, prompt_len_B, valid_BT, share_prompts=share)
         if packed.target_P.numel() == 0:
             empty = torch.zeros(valid_BT.shape, device=self.device)
             return empty, (empty.clone() if with_entropy else None)

@@ -37,6 +37,59 @@ def test_pack_rows_lays_out_each_row_up_to_its_last_predictor():
     assert unpacked(torch.tensor([1.0, 2.0, 3.0, 4.0]), packed).tolist() == [[1, 2, 3], [4, 0, 0], [0, 0, 0]]
 
 
+def test_pack_rows_runs_each_shared_prompt_once_and_gives_each_response_its_keys():
+    """Rows (prompt | response): [5 6 | 7 8 9], [5 6 | 3], [4 | 2 1]; rows 0 and 1 continue prompt 5 6.
+    Segments: prompt 5 6 (stream 0-1), prompt 4 (2), row 0's response inputs 7 8 (3-4, positions 2 3; its last
+    token 9 is no input), row 2's 2 (5, position 1); row 1's only token is predicted by its prompt's last token, so
+    it has no segment. Keys: 0 1 | 2 | 0 1 3 4 | 2 5, starts [0, 2, 3, 7, 9]. Predictors: row 0's tokens at 1 (the
+    shared prompt's last), 3, 4; row 1's at 1; row 2's at 2, 5."""
+    tokens_BL = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 3, 0, 0], [4, 2, 1, 0, 0]])
+    valid_BT = torch.tensor([[True, True, True], [True, False, False], [True, True, False]])
+    packed = pack_rows(tokens_BL, torch.tensor([2, 2, 1]), valid_BT, share_prompts=True)
+    assert packed.shares_prompts
+    assert packed.ids_M.tolist() == [5, 6, 4, 7, 8, 2]
+    assert packed.position_M.tolist() == [0, 1, 0, 2, 3, 1]
+    assert packed.row_M.tolist() == [0, 0, 2, 0, 0, 2]
+    assert packed.cu_R1.tolist() == [0, 2, 3, 5, 6] and (packed.rows, packed.width) == (4, 2)
+    assert packed.key_K.tolist() == [0, 1, 2, 0, 1, 3, 4, 2, 5] and packed.cu_K1.tolist() == [0, 2, 3, 7, 9]
+    assert packed.key_width == 4
+    assert packed.predictor_P.tolist() == [1, 3, 4, 1, 2, 5]
+    assert packed.target_P.tolist() == [7, 8, 9, 3, 2, 1]
+    assert packed.flat_P.tolist() == [0, 1, 2, 3, 6, 7]
+    # No two rows share a prompt: the whole rows' layout.
+    alone = pack_rows(tokens_BL[1:], torch.tensor([2, 1]), valid_BT[1:], share_prompts=True)
+    assert not alone.shares_prompts and alone.ids_M.tolist() == [5, 6, 4, 2]
+
+
+def test_shared_prompt_keys_move_to_a_device_with_the_rest():
+    """`PackedRows.to` moves the keys' positions and starts too (starts int32, as varlen kernels take them); on
+    the CPU the rows are returned as they are."""
+    tokens_BL = torch.tensor([[5, 6, 7, 8], [5, 6, 3, 0]])
+    packed = pack_rows(tokens_BL, torch.tensor([2, 2]), torch.tensor([[True, True], [True, False]]),
+                       share_prompts=True)
+    assert packed.to(torch.device("cpu")) is packed
+    moved = packed.to(torch.device("meta"))
+    assert moved.key_K.device.type == "meta" and moved.cu_K1.dtype == torch.int32 and moved.cu_R1.dtype == torch.int32
+    assert moved.key_K.shape == packed.key_K.shape
+
+
+def test_a_forward_that_shares_prompts_gives_each_row_its_whole_rows_gradients(monkeypatch):
+    """float32 on CPU, document-mask kernel: the packed forward shares the prompt of `uneven_rows`' first two rows
+    (the second with a single response token, predicted by the shared prompt's last token: its gradient adds to
+    the first row's there) and gives the log-probs and gradients of the same rows packed whole."""
+    model = build_tiny_qwen3(seed=4, num_attention_heads=2, num_key_value_heads=1)
+    rows = uneven_rows()
+    forward = PolicyForward(model, packed="document_mask")
+    assert forward.shares_packed_prompts
+    shared = _values_and_grads(forward, rows)
+    monkeypatch.setattr("literl.model.capabilities.SHARED_PACKED_PROMPTS", ())
+    whole_forward = PolicyForward(build_tiny_qwen3(seed=4, num_attention_heads=2, num_key_value_heads=1),
+                                  packed="document_mask")
+    assert not whole_forward.shares_packed_prompts
+    whole = _values_and_grads(whole_forward, rows)
+    _assert_float32_close(shared, whole, rows[3])
+
+
 def _values_and_grads(forward: PolicyForward, rows):
     tokens_BL, prompt_len_B, T, mask_BT = rows
     model = forward.model
@@ -121,9 +174,12 @@ def test_packed_micro_batches_count_real_tokens():
     assert lengths(train.micro_batches(12, packed=True)) == [[7, 5], [4, 2]]
 
 
-def _other_rows():
-    """Three rows of other lengths than `uneven_rows`' (another stream length, row count and width)."""
+def _other_rows(shared: bool = False):
+    """Three rows of other lengths than `uneven_rows`' (another stream length, row count and width); `shared`: the
+    first and last continue the same prompt (else no two rows do)."""
     tokens_BL = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 0], [4, 3, 12, 13, 14, 15, 16, 17], [2, 2, 18, 19, 0, 0, 0, 0]])
+    if shared:
+        tokens_BL[2, :2] = tokens_BL[0, :2]
     mask_BT = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]], dtype=torch.bool)
     return tokens_BL, torch.tensor([2, 2, 2]), 6, mask_BT
 
@@ -162,22 +218,23 @@ def test_compiled_packed_layers_equal_the_eager_ones_with_one_graph_for_every_st
 def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monkeypatch):
     """The varlen kernel inside the compiled layer (`packing.compiled_varlen_layer`), with a CPU stand-in operator
     of varlen_attn's kind: log-probs, entropies and gradients within float32 rounding of the eager packed forward
-    (the stand-in called between no graphs), for two streams of different lengths and widths; each layer is ONE
-    graph (the attention traced into it, no graph break), and the second stream, with another width, compiles
-    nothing new (the width is a symbolic int). The real kernel runs in the gpu test below."""
+    (the stand-in called between no graphs), for streams of different lengths and widths; each layer is ONE
+    graph (the attention traced into it, no graph break), and a second stream with shared prompts, with another
+    width and key count, compiles nothing new (the lengths are symbolic ints); a stream whose rows share no prompt
+    is the one other graph. The real kernel runs in the gpu test below."""
     from torch._dynamo.utils import counters
 
     from literl.model import attention
 
-    def stand_in(query, key, value, cu_R1, width, options):
-        return stand_in_varlen(query, key, value, cu_R1, width, options["scale"])
+    def stand_in(query, key, value, cu_Q1, cu_K1, max_q, max_k, options):
+        return stand_in_varlen(query, key, value, cu_Q1, cu_K1, options["scale"])
 
     monkeypatch.setattr(attention, "varlen_kernel", stand_in)
     model = build_tiny_qwen3(seed=4, num_attention_heads=2, num_key_value_heads=1)
     torch._dynamo.reset()
     counters.clear()
     graphs = []
-    for rows in (uneven_rows(), _other_rows()):
+    for rows in (uneven_rows(), _other_rows(shared=True), _other_rows()):
         mask_BT = rows[3]
         eager = _values_and_grads(PolicyForward(model, packed="varlen"), rows)
         reference = _values_and_grads(PolicyForward(model, packed="document_mask"), rows)
@@ -187,13 +244,14 @@ def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monk
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] == 1, "the layer with its attention is one graph"
     assert graphs[1] == graphs[0], "the second stream recompiled the layer"
+    assert graphs[2] == 2, "rows that share no prompt: the graph without the keys' gather"
     # Rows of one prompt token and one response token: a width of 1, which runs eagerly (a size of 1 would be
     # specialised into a graph of its own), with the same values.
     single = (torch.tensor([[5, 6], [7, 8], [9, 10]]), torch.tensor([1, 1, 1]), 1, torch.ones(3, 1, dtype=torch.bool))
     got = _values_and_grads(PolicyForward(model, packed="varlen", compile=True), single)
     expected = _values_and_grads(PolicyForward(model, packed="document_mask"), single)
     torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-6)
-    assert counters["stats"]["unique_graphs"] == graphs[0], "a width of 1 compiled a graph"
+    assert counters["stats"]["unique_graphs"] == graphs[-1], "a width of 1 compiled a graph"
 
 
 @pytest.mark.gpu
@@ -209,7 +267,7 @@ def test_compiled_packed_bf16_update_on_cuda_matches_the_eager_one():
     torch._dynamo.reset()
     counters.clear()
     graphs = []
-    for rows in (uneven_rows(), _other_rows()):
+    for rows in (uneven_rows(), _other_rows(shared=True)):     # both share a prompt: one stream layout
         mask = rows[3].cuda()
         eager = _values_and_grads(PolicyForward(model, packed=kernel, compute_dtype=torch.bfloat16), rows)
         compiled = _values_and_grads(PolicyForward(model, packed=kernel, compute_dtype=torch.bfloat16,
@@ -241,6 +299,28 @@ def test_packed_bf16_log_probs_on_cuda_match_the_float32_forward(kernel):
         assert grad.dtype == torch.float32
         cosine = torch.nn.functional.cosine_similarity(grad.flatten(), reference[2][name].flatten(), dim=0)
         assert cosine > 0.99, name
+
+
+@pytest.mark.gpu
+def test_varlen_shares_prompts_on_cuda_by_its_probe(monkeypatch):
+    """On CUDA the varlen kernel's segments with more keys than queries (a response over its shared prompt) align
+    their causal mask at the end, which sharing needs: the probe passes, and bfloat16 log-probs with the prompt
+    shared equal those of the rows packed whole within bfloat16 rounding, gradients of the same direction."""
+    model = build_tiny_qwen3(seed=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                             hidden_size=256).cuda()
+    rows = uneven_rows()
+    forward = PolicyForward(model, packed="varlen", compute_dtype=torch.bfloat16)
+    assert forward.shares_packed_prompts
+    shared = _values_and_grads(forward, rows)
+    monkeypatch.setattr("literl.model.capabilities.SHARED_PACKED_PROMPTS", ())
+    whole_model = build_tiny_qwen3(seed=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                   hidden_size=256).cuda()
+    whole = _values_and_grads(PolicyForward(whole_model, packed="varlen", compute_dtype=torch.bfloat16), rows)
+    mask = rows[3].cuda()
+    torch.testing.assert_close(shared[0][mask], whole[0][mask], rtol=0, atol=3e-2)
+    for name, grad in shared[2].items():
+        cosine = torch.nn.functional.cosine_similarity(grad.flatten(), whole[2][name].flatten(), dim=0)
+        assert cosine > 0.999, name
 
 
 @pytest.mark.gpu
