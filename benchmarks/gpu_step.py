@@ -23,7 +23,7 @@ Per body, after `--warmup` untimed steps (probes, `trainer.micro_batch_tokens=au
     literl_over_hf             rollout_tok_s / hf_tok_s
     update_s_steps, update_mfu_steps   each timed step's own update seconds and MFU (steps differ in tokens)
     stream_tokens, shared_prompts   the tokens the update's packed stream runs through the layers, and whether
-                               it shares each distinct prompt among its rows (`--whole-prompts`: never)
+                               it shares each distinct prompt among its rows (`--share-prompts`)
     update_s, update_mfu       the learner's update (forwards, backwards, optimizer step); FLOPs counted as the
                                issue defines them: 6 · N · trained tokens + causal attention (6 · S² · heads ·
                                head dim per layer and row of S tokens), N = the matmul weights a token goes through
@@ -374,9 +374,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="trainer.compile=true alone: the update's packed layers compiled, the rollout eager")
     parser.add_argument("--decode", default="auto", help="rollout.decode for the runs (auto, static, fixed)")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate (its figures: null)")
-    parser.add_argument("--whole-prompts", action="store_true",
-                        help="pack whole rows, each with its own copy of its prompt (the default shares each "
-                             "distinct prompt where the kernel can: capabilities.SHARED_PACKED_PROMPTS)")
+    parser.add_argument("--share-prompts", action="store_true",
+                        help="the varlen kernel's stream shares each distinct prompt among its rows (by default "
+                             "whole rows, each with its own copy of its prompt: capabilities.SHARED_PACKED_PROMPTS)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="profile one more step's update: operator table in DIR, kinds in the row")
     args = parser.parse_args(argv)
@@ -385,10 +385,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         logging.getLogger(logger).setLevel(logging.INFO)
         if not logging.getLogger(logger).handlers:
             logging.getLogger(logger).addHandler(logging.StreamHandler(sys.stderr))
-    if args.whole_prompts:
+    if args.share_prompts:
         from literl.model import capabilities
 
-        capabilities.SHARED_PACKED_PROMPTS = ()
+        capabilities.SHARED_PACKED_PROMPTS += ("varlen",)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     tiny = args.tiny or device.type == "cpu"
     peak = args.peak_tflops or (H100_BF16_TFLOPS if device.type == "cuda" else None)

@@ -325,10 +325,14 @@ RECORD_REPLAY_DEVICES = ("cpu",)
 PACKED_ROUTE: dict[str, tuple[str, ...]] = {"cuda": ("varlen", "padded")}
 # The packed kernels whose stream shares each distinct prompt among the rows that continue it (`packing`, module
 # docstring): a GRPO group's prompt runs through the layers once instead of once per row, its keys and values
-# gathered for each response. On the GPU benchmark's workload (testbed prompts of ~15-30 tokens, responses of
-# ~115) about an eighth of the stream's tokens; with the varlen kernel a segment then has more keys than queries,
-# which its causal mask aligns at the segment's end. `padded` attends within whole rows only.
-SHARED_PACKED_PROMPTS: tuple[str, ...] = ("varlen", "document_mask")
+# gathered for each response (with the varlen kernel a segment then has more keys than queries, its causal mask
+# aligned at the segment's end: the CUDA probe and gpu test pass). MEASURED NOT TO PAY with varlen, so not on by
+# default there: on an H100 (2026-11-27, docs/speed.md) the 0.6B body's stream lost 11% of its tokens (33,201 →
+# 29,407) and its matmuls 11% of their time, but the gather's backward (a bfloat16 index_add with atomics over
+# every gathered key and value, 17.5 ms an update) took it back: update 0.280 s against 0.278 s whole.
+# `benchmarks/gpu_step.py --share-prompts` measures it. The document-mask kernel (the CPU reference) shares, so
+# that the layout is tested against whole rows where CI runs. `padded` attends within whole rows only.
+SHARED_PACKED_PROMPTS: tuple[str, ...] = ("document_mask",)
 
 
 def records_forward(device: torch.device) -> bool:
