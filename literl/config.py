@@ -315,8 +315,8 @@ class TrainerConfig:
     compile: bool = knob(False, "torch.compile the training forward's decoder layers (Llama/Qwen-style models; "
                                 "~10-30 s once; CPU: ~20% less update time on the speed benchmark; CUDA's packed "
                                 "route: each layer with its attention one graph, and the LM head's tiles, "
-                                "compiled: a Qwen3-0.6B body's update 2.2x faster than eager on an H200, 30% "
-                                "of its bf16 peak, a 1.7B body's 43%; docs/speed.md)")
+                                "compiled: a Qwen3-0.6B body's update 2.2x faster than eager on an H200; on an "
+                                "H100 28% of its bf16 peak, a 1.7B body's 42%; docs/speed.md)")
     packed_attention: str = knob("auto", "the update's packed route (whole rows as one token stream, no padding; "
                                          "literl/model/packing.py): auto (CUDA: the first of varlen, padded that "
                                          "matches the model's own forward; CPU: rows are not packed) | off | "
