@@ -211,28 +211,42 @@ def _varlen(stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch.Tensor
 @dataclass(frozen=True)
 class VarlenLayout:
     """What the varlen kernel needs of a packed stream (`packing.PackedRows`): the segments' starts and longest
-    length, and with shared prompts the keys each segment reads (`key_K`, `cu_K1`, `key_width`; else None, 0)."""
+    length, and with shared prompts where each segment's keys start and the longest, and where the stream's keys
+    go among them (`own_slot_M`, `copy_slot_C`, `copy_source_C`; else None, 0)."""
 
     cu_R1: torch.Tensor
     width: int
-    key_K: torch.Tensor | None = None
     cu_K1: torch.Tensor | None = None
     key_width: int = 0
+    own_slot_M: torch.Tensor | None = None
+    copy_slot_C: torch.Tensor | None = None
+    copy_source_C: torch.Tensor | None = None
 
     @classmethod
     def of(cls, stream) -> "VarlenLayout":
-        return cls(stream.cu_R1, stream.width, stream.key_K, stream.cu_K1, stream.key_width)
+        return cls(stream.cu_R1, stream.width, stream.cu_K1, stream.key_width, stream.own_slot_M, stream.copy_slot_C,
+                   stream.copy_source_C)
 
 
 def varlen_segments(query_MQD, key_MJD, value_MJD, layout: VarlenLayout, options: dict) -> torch.Tensor:
     """Causal attention within each segment of a packed stream through `varlen_kernel`; with shared prompts each
-    segment's keys and values gathered first (its prompt's, then its own), more keys than queries, the causal mask
-    aligned at the segment's end (flash attention's convention)."""
-    if layout.key_K is None:
+    segment's keys and values gathered first (its prompt's, then its own: `gathered_keys`), more keys than
+    queries, the causal mask aligned at the segment's end (flash attention's convention)."""
+    if layout.cu_K1 is None:
         return varlen_kernel(query_MQD, key_MJD, value_MJD, layout.cu_R1, layout.cu_R1, layout.width, layout.width,
                              options)
-    return varlen_kernel(query_MQD, key_MJD.index_select(0, layout.key_K), value_MJD.index_select(0, layout.key_K),
-                         layout.cu_R1, layout.cu_K1, layout.width, layout.key_width, options)
+    return varlen_kernel(query_MQD, gathered_keys(key_MJD, layout), gathered_keys(value_MJD, layout), layout.cu_R1,
+                         layout.cu_K1, layout.width, layout.key_width, options)
+
+
+def gathered_keys(x_MJD: torch.Tensor, layout: VarlenLayout) -> torch.Tensor:
+    """x_MJD's rows in the segments' key order (`packing.PackedRows.key_K`): every stream token's own key placed
+    once, then the copies of prompt keys in the response segments. Its backward gathers the own keys' gradients
+    and sums only the C copies'; `x_MJD.index_select(0, key_K)` gave the same values, but its backward, an
+    index_add with atomics over every key, took 17.5 ms of a 0.28 s update on an H100 (bfloat16; docs/speed.md)."""
+    keys = x_MJD.new_empty((x_MJD.shape[0] + layout.copy_slot_C.shape[0], *x_MJD.shape[1:]))
+    keys = keys.index_copy(0, layout.own_slot_M, x_MJD)
+    return keys.index_copy(0, layout.copy_slot_C, x_MJD.index_select(0, layout.copy_source_C))
 
 
 def varlen_kernel(query_MQD, key_KJD, value_KJD, cu_Q1: torch.Tensor, cu_K1: torch.Tensor, max_q: int, max_k: int,

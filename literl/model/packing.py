@@ -44,7 +44,7 @@ from literl.model.layer import decoder_layer, routed_linears
 from literl.model.moe import TokenRoutes
 
 _INDEX_FIELDS = ("ids_M", "position_M", "row_M", "slot_M", "predictor_P", "target_P", "flat_P", "cu_R1")
-_KEY_FIELDS = ("key_K", "cu_K1")
+_KEY_FIELDS = ("key_K", "cu_K1", "own_slot_M", "copy_slot_C", "copy_source_C")
 
 
 @dataclass
@@ -66,6 +66,9 @@ class PackedRows:
                         over, segment after segment (a response's: its prompt's, then its own), and where each
                         segment's keys start
     key_width           the longest segment's keys (0 without shared prompts)
+    own_slot_M          shared prompts only: where each stream token's own key goes among the K keys (once each)
+    copy_slot_C, copy_source_C   shared prompts only: the C copies of prompt keys in response segments, where they
+                        go and which stream token they copy (key_K = own keys and copies, `attention.gathered_keys`)
     """
 
     ids_M: torch.Tensor
@@ -83,6 +86,9 @@ class PackedRows:
     key_K: torch.Tensor | None = None
     cu_K1: torch.Tensor | None = None
     key_width: int = 0
+    own_slot_M: torch.Tensor | None = None
+    copy_slot_C: torch.Tensor | None = None
+    copy_source_C: torch.Tensor | None = None
 
     @property
     def shares_prompts(self) -> bool:
@@ -184,6 +190,12 @@ def _shared_prompt_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, val
     in_prompt_K = (key_segment_K < G) | (key_offset_K < prompt_len_G[key_group_K])
     key_K = torch.where(in_prompt_K, prompt_start_G[key_group_K] + key_offset_K,
                         cu_S1[key_segment_K] + key_offset_K - prompt_len_G[key_group_K])
+    # Each stream token's own key appears once; prompt keys in response segments are copies.
+    copy_K = in_prompt_K & (key_segment_K >= G)
+    copy_slot_C = copy_K.nonzero().flatten()
+    own_slot_X = (~copy_K).nonzero().flatten()
+    own_slot_M = torch.empty(len(position_M), dtype=torch.long)
+    own_slot_M[key_K[own_slot_X]] = own_slot_X
     segment_of_row_B = torch.full((B,), -1, dtype=torch.long)
     segment_of_row_B[answered_A] = torch.arange(G, G + len(answered_A))
     b_P, t_P = valid_BT.nonzero(as_tuple=True)
@@ -196,7 +208,8 @@ def _shared_prompt_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, val
         ids_M=tokens_BL[row_M, position_M], position_M=position_M, row_M=row_M, slot_M=segment_M * width + offset_M,
         predictor_P=predictor_P, target_P=tokens_BL[b_P, (position_P + 1).clamp(max=tokens_BL.shape[1] - 1)],
         flat_P=b_P * T + t_P, cu_R1=cu_S1, rows=len(length_S), width=width, batch_rows=B, T=T, key_K=key_K,
-        cu_K1=cu_K1, key_width=int(key_length_S.max()))
+        cu_K1=cu_K1, key_width=int(key_length_S.max()), own_slot_M=own_slot_M, copy_slot_C=copy_slot_C,
+        copy_source_C=key_K[copy_slot_C])
 
 
 def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes | None = None, *,
@@ -214,8 +227,9 @@ def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes 
     if compiled and routes is None and kernel == "varlen":
         layer_step, options = compiled_varlen_layer(), attention.varlen_options_of(decoder.layers[0].self_attn)
         for layer in decoder.layers:
-            hidden_MH = layer_step(layer, hidden_MH, cos_M1D, sin_M1D, packed.cu_R1, packed.width, packed.key_K,
-                                   packed.cu_K1, packed.key_width, options)
+            hidden_MH = layer_step(layer, hidden_MH, cos_M1D, sin_M1D, packed.cu_R1, packed.width, packed.cu_K1,
+                                   packed.key_width, packed.own_slot_M, packed.copy_slot_C, packed.copy_source_C,
+                                   options)
     elif compiled and routes is None:
         layer_step = compiled_packed_layer()
         for layer in decoder.layers:
@@ -249,11 +263,11 @@ def compiled_packed_layer():
 
 
 def varlen_layer(layer, hidden_MH: torch.Tensor, cos_M1D: torch.Tensor, sin_M1D: torch.Tensor, cu_R1: torch.Tensor,
-                 width: int, key_K: torch.Tensor | None, cu_K1: torch.Tensor | None, key_width: int, options: dict
-                 ) -> torch.Tensor:
+                 width: int, cu_K1: torch.Tensor | None, key_width: int, own_slot_M: torch.Tensor | None,
+                 copy_slot_C: torch.Tensor | None, copy_source_C: torch.Tensor | None, options: dict) -> torch.Tensor:
     """One layer of `packed_layers` with the varlen kernel, traced whole (`attention.varlen_in_graph`); the
     stream's layout comes as separate arguments, so that its lengths are symbolic ints of the graph."""
-    layout = attention.VarlenLayout(cu_R1, width, key_K, cu_K1, key_width)
+    layout = attention.VarlenLayout(cu_R1, width, cu_K1, key_width, own_slot_M, copy_slot_C, copy_source_C)
     return decoder_layer(layer, hidden_MH, cos_M1D, sin_M1D, attention=attention.varlen_in_graph(layout, options))
 
 
@@ -265,8 +279,8 @@ def compiled_varlen_layer():
     is a symbolic int: no recompile per micro-batch); a stream of one token or rows of one token run eagerly. A
     stream with shared prompts is a graph of its own (the keys' gather in it)."""
     return compile_for_varying_sizes(varlen_layer, name="a packed layer (varlen in the graph)",
-                                     eager_when=lambda layer, hidden_MH, cos, sin, cu_R1, width, key_K, cu_K1,
-                                     key_width, options: hidden_MH.shape[0] < 2 or width < 2)
+                                     eager_when=lambda layer, hidden_MH, cos, sin, cu_R1, width, *keys_and_options:
+                                     hidden_MH.shape[0] < 2 or width < 2)
 
 
 def unpacked(values_P: torch.Tensor, packed: PackedRows) -> torch.Tensor:

@@ -53,12 +53,36 @@ def test_pack_rows_runs_each_shared_prompt_once_and_gives_each_response_its_keys
     assert packed.cu_R1.tolist() == [0, 2, 3, 5, 6] and (packed.rows, packed.width) == (4, 2)
     assert packed.key_K.tolist() == [0, 1, 2, 0, 1, 3, 4, 2, 5] and packed.cu_K1.tolist() == [0, 2, 3, 7, 9]
     assert packed.key_width == 4
+    # The keys as the varlen route places them: each stream token's own key once, then the prompt copies.
+    assert packed.own_slot_M.tolist() == [0, 1, 2, 5, 6, 8]
+    assert packed.copy_slot_C.tolist() == [3, 4, 7] and packed.copy_source_C.tolist() == [0, 1, 2]
     assert packed.predictor_P.tolist() == [1, 3, 4, 1, 2, 5]
     assert packed.target_P.tolist() == [7, 8, 9, 3, 2, 1]
     assert packed.flat_P.tolist() == [0, 1, 2, 3, 6, 7]
     # No two rows share a prompt: the whole rows' layout.
     alone = pack_rows(tokens_BL[1:], torch.tensor([2, 1]), valid_BT[1:], share_prompts=True)
     assert not alone.shares_prompts and alone.ids_M.tolist() == [5, 6, 4, 2]
+
+
+def test_gathered_keys_equal_an_index_select_forward_and_backward():
+    """`attention.gathered_keys` (own keys placed once, prompt copies apart: a backward without atomics over every
+    key) gives x[key_K] and, for a weighted sum of it, x's gradient: each prompt key's gradient is the sum over its
+    own key and its copies (three rows continuing the prompt 5 6: its tokens' keys each placed once and copied
+    twice)."""
+    from literl.model.attention import VarlenLayout, gathered_keys
+
+    tokens_BL = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 3, 4, 0], [5, 6, 2, 1, 0]])
+    valid_BT = torch.tensor([[True, True, True], [True, True, False], [True, True, False]])
+    packed = pack_rows(tokens_BL, torch.tensor([2, 2, 2]), valid_BT, share_prompts=True)
+    assert packed.shares_prompts and packed.copy_source_C.tolist() == [0, 1, 0, 1, 0, 1]
+    x = torch.randn(packed.tokens, 2, 3, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(packed.key_K.numel(), 2, 3, dtype=torch.float64)
+    got = gathered_keys(x, VarlenLayout.of(packed))
+    expected = x.index_select(0, packed.key_K)
+    assert torch.equal(got, expected)
+    (grad_got,) = torch.autograd.grad((weights * got).sum(), x)
+    (grad_expected,) = torch.autograd.grad((weights * expected).sum(), x)
+    torch.testing.assert_close(grad_got, grad_expected, rtol=0, atol=1e-12)
 
 
 def test_shared_prompt_keys_move_to_a_device_with_the_rest():
