@@ -17,6 +17,7 @@ same, in the same order, as for values added one at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -88,18 +89,23 @@ class MetricAccumulator:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        read: dict[int, float] = {}
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
-        for metrics, _ in pending:
-            for value in metrics.values():
-                if torch.is_tensor(value):
-                    by_device.setdefault(value.device, []).append(value)
-        for values in by_device.values():
-            numbers = torch.stack([v.detach().reshape(()).double() for v in values]).cpu().tolist()
-            read.update({id(v): number for v, number in zip(values, numbers)})
+        read = read_back([value for metrics, _ in pending for value in metrics.values() if torch.is_tensor(value)])
         for metrics, weight in pending:
             self._add_now({key: read[id(value)] if torch.is_tensor(value) else value
                            for key, value in metrics.items()}, weight)
+
+    def _settle_pooled(self) -> None:
+        """The pooled statistics' sums (`Ratio`, `SampleSize`: tensors while micro-batches add up) as numbers, read
+        back in one transfer per device: read one by one, an update's ~60 pooled sums were ~60 host
+        synchronisations (2.8 ms of a 0.28 s update on an H100)."""
+        tensors = [value for stat in self._pooled.values() for field in dataclasses.fields(stat)
+                   if torch.is_tensor(value := getattr(stat, field.name))]
+        if not tensors:
+            return
+        read = read_back(tensors)
+        self._pooled = {key: dataclasses.replace(stat, **{
+            field.name: read[id(getattr(stat, field.name))] for field in dataclasses.fields(stat)
+            if torch.is_tensor(getattr(stat, field.name))}) for key, stat in self._pooled.items()}
 
     def __getstate__(self) -> dict:
         self._settle()      # pickled (a trainer rank's accumulator sent to the driver): plain numbers only
@@ -138,10 +144,24 @@ class MetricAccumulator:
     def result(self) -> dict[str, float]:
         """Per-step values; a mini-batch still open counts as the last one."""
         self._settle()
+        self._settle_pooled()
         out = dict(self._extreme)
         for part in (self._mean, self._pooled, self._closed_losses()):
             out.update({key: float(stat) for key, stat in part.items()})
         return out
+
+
+def read_back(values: list[torch.Tensor]) -> dict[int, float]:
+    """Each 0-dim tensor's value as a Python float (by `id`), in one transfer per device. Through float64, which
+    holds every float32, bfloat16 and count value exactly: the same numbers `.item()` gives one by one."""
+    read: dict[int, float] = {}
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for value in values:
+        by_device.setdefault(value.device, []).append(value)
+    for group in by_device.values():
+        numbers = torch.stack([v.detach().reshape(()).double() for v in group]).cpu().tolist()
+        read.update({id(v): number for v, number in zip(group, numbers)})
+    return read
 
 
 def _on_accelerator(value: Any) -> bool:

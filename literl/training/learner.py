@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Protocol
 import torch
 
 from literl.batch import RolloutBatch, TrainBatch
-from literl.metric_reduction import MetricAccumulator
+from literl.metric_reduction import MetricAccumulator, read_back
 from literl.model.capabilities import AUTO_TOKEN_LIMITS
 from literl.ops import masked_max, masked_mean
 
@@ -88,14 +88,15 @@ class Learner(Protocol):
         ...
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_grad_norm: float) -> float:
-    """Clip the gradients' global norm to `max_grad_norm` (0: no clipping) and return the norm before clipping."""
+def clip_gradients(params: list[torch.nn.Parameter], max_grad_norm: float) -> torch.Tensor | float:
+    """Clip the gradients' global norm to `max_grad_norm` (0: no clipping) and return the norm before clipping, a
+    0-dim tensor where the gradients are (`close_step` reads it, with the step's loss, in one transfer)."""
     params = [q for q in params if q.grad is not None]
     if not params:
         return 0.0
     max_norm = max_grad_norm if max_grad_norm > 0 else math.inf
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def phase(name: str):
@@ -129,16 +130,19 @@ def micro_step(forward: Callable, objective, micro: TrainBatch, device: torch.de
     return out.token_maps, out.loss.detach().float()
 
 
-def close_step(acc: MetricAccumulator, *, loss_tokens: int, step_loss, grad_norm: float, lr: float) -> StepReport:
+def close_step(acc: MetricAccumulator, *, loss_tokens: int, step_loss, grad_norm, lr: float) -> StepReport:
     """The optimizer step's decision and metrics, after its last backward: skipped when no token entered the loss
     (the gradient is zero, but AdamW's momentum would still move the weights: algorithms.md §4.1) or when the loss
-    or the gradient norm is not finite (it would make every weight NaN)."""
+    or the gradient norm is not finite (it would make every weight NaN). The loss and the norm (numbers, or 0-dim
+    tensors on the device) are read in one transfer: the one host synchronisation the decision needs."""
+    tensors = read_back([value for value in (step_loss, grad_norm) if torch.is_tensor(value)])
+    step_loss, grad_norm = (tensors[id(value)] if torch.is_tensor(value) else float(value)
+                            for value in (step_loss, grad_norm))
     skipped = loss_tokens == 0
-    non_finite = not skipped and not (math.isfinite(grad_norm) and bool(torch.isfinite(torch.as_tensor(step_loss))))
+    non_finite = not skipped and not (math.isfinite(grad_norm) and math.isfinite(step_loss))
     acc.add({"optim/grad_norm": grad_norm, "optim/lr": lr, "optim/skipped_step": float(skipped or non_finite),
              "optim/non_finite_step": float(non_finite)})
-    return StepReport(stepped=not (skipped or non_finite), non_finite=non_finite, loss=float(step_loss),
-                      grad_norm=grad_norm)
+    return StepReport(stepped=not (skipped or non_finite), non_finite=non_finite, loss=step_loss, grad_norm=grad_norm)
 
 
 class InProcessLearner:

@@ -31,6 +31,24 @@ def test_each_key_kind_reduces_by_its_rule():
                                           "r": 0.5, "ess": 0.8})
 
 
+def test_pooled_sums_are_read_back_together_not_one_by_one(monkeypatch):
+    """Ratio and SampleSize sums that are still tensors at the end of a step (on a GPU: device tensors) are read in
+    one transfer, not by a float() or .item() each (each a host synchronisation): with both forbidden on tensors
+    the step's values are still Ratio (1 + 2)/(2 + 4) = 0.5 in float32 and SampleSize Σw = 4, Σw² = 10, n = 2 →
+    0.8, the counts int64 as `mask.sum()` gives them."""
+    acc = MetricAccumulator()
+    for num, den, w in ((1.0, 2, 1.0), (2.0, 4, 3.0)):
+        acc.add({"r": ops.Ratio(torch.tensor(num), torch.tensor(den)),
+                 "ess": ops.SampleSize(torch.tensor(w), torch.tensor(w * w), torch.tensor(1))}, weight=1)
+
+    def one_by_one(*args):
+        raise AssertionError("a pooled sum was read on its own")
+
+    monkeypatch.setattr(torch.Tensor, "item", one_by_one)
+    monkeypatch.setattr(torch.Tensor, "__float__", one_by_one)
+    assert acc.result() == {"r": 0.5, "ess": 0.8}
+
+
 def test_loss_sums_within_a_minibatch_and_averages_across_minibatches():
     """Mini-batch 1: micro shares 0.25 + 0.75 = 1.0; mini-batch 2: 3.0 in one micro-batch → loss/total 2.0
     (mean of the two optimizer steps' losses, not their sum 4.0). Means and extremes ignore the boundary."""
