@@ -11,6 +11,8 @@ Dimension key: the suffix letters on every tensor that crosses a function bounda
                    U  distinct prompts     X  prompt columns (left-padded)     W  response columns of one forward
                    S  key columns attended over (a decode cache's capacity; prefix + W)
                    M  packed tokens (valid positions, flattened)     C  tokens of one tile of the LM head
+                   Y  a packed stream's keys, segment after segment (with shared prompts a response segment's
+                      are its prompt's, then its own)     A  the copies of prompt keys among them
 
 The four log-probs, one name each:
     rollout_logp  log μ(y_t): what the inference engine reported while sampling (no grad)

@@ -212,50 +212,50 @@ def _varlen(stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch.Tensor
 class VarlenLayout:
     """What the varlen kernel needs of a packed stream (`packing.PackedRows`): the segments' starts and longest
     length, and with shared prompts where each segment's keys start and the longest, and where the stream's keys
-    go among them (`own_slot_M`, `copy_slot_C`, `copy_source_C`; else None, 0)."""
+    go among them (`own_slot_M`, `copy_slot_A`, `copy_source_A`; else None, 0)."""
 
     cu_R1: torch.Tensor
     width: int
-    cu_K1: torch.Tensor | None = None
+    cu_key_R1: torch.Tensor | None = None
     key_width: int = 0
     own_slot_M: torch.Tensor | None = None
-    copy_slot_C: torch.Tensor | None = None
-    copy_source_C: torch.Tensor | None = None
+    copy_slot_A: torch.Tensor | None = None
+    copy_source_A: torch.Tensor | None = None
 
     @classmethod
     def of(cls, stream) -> "VarlenLayout":
-        return cls(stream.cu_R1, stream.width, stream.cu_K1, stream.key_width, stream.own_slot_M, stream.copy_slot_C,
-                   stream.copy_source_C)
+        return cls(stream.cu_R1, stream.width, stream.cu_key_R1, stream.key_width, stream.own_slot_M,
+                   stream.copy_slot_A, stream.copy_source_A)
 
 
 def varlen_segments(query_MQD, key_MJD, value_MJD, layout: VarlenLayout, options: dict) -> torch.Tensor:
     """Causal attention within each segment of a packed stream through `varlen_kernel`; with shared prompts each
     segment's keys and values gathered first (its prompt's, then its own: `gathered_keys`), more keys than
     queries, the causal mask aligned at the segment's end (flash attention's convention)."""
-    if layout.cu_K1 is None:
+    if layout.cu_key_R1 is None:
         return varlen_kernel(query_MQD, key_MJD, value_MJD, layout.cu_R1, layout.cu_R1, layout.width, layout.width,
                              options)
     return varlen_kernel(query_MQD, gathered_keys(key_MJD, layout), gathered_keys(value_MJD, layout), layout.cu_R1,
-                         layout.cu_K1, layout.width, layout.key_width, options)
+                         layout.cu_key_R1, layout.width, layout.key_width, options)
 
 
 def gathered_keys(x_MJD: torch.Tensor, layout: VarlenLayout) -> torch.Tensor:
-    """x_MJD's rows in the segments' key order (`packing.PackedRows.key_K`): every stream token's own key placed
+    """x_MJD's rows in the segments' key order (`packing.PackedRows.key_Y`): every stream token's own key placed
     once, then the copies of prompt keys in the response segments. Its backward gathers the own keys' gradients
-    and sums only the C copies'; `x_MJD.index_select(0, key_K)` gave the same values, but its backward, an
+    and sums only the A copies'; `x_MJD.index_select(0, key_Y)` gave the same values, but its backward, an
     index_add with atomics over every key, took 17.5 ms of a 0.28 s update on an H100 (bfloat16; docs/speed.md)."""
-    keys = x_MJD.new_empty((x_MJD.shape[0] + layout.copy_slot_C.shape[0], *x_MJD.shape[1:]))
+    keys = x_MJD.new_empty((x_MJD.shape[0] + layout.copy_slot_A.shape[0], *x_MJD.shape[1:]))
     keys = keys.index_copy(0, layout.own_slot_M, x_MJD)
-    return keys.index_copy(0, layout.copy_slot_C, x_MJD.index_select(0, layout.copy_source_C))
+    return keys.index_copy(0, layout.copy_slot_A, x_MJD.index_select(0, layout.copy_source_A))
 
 
-def varlen_kernel(query_MQD, key_KJD, value_KJD, cu_Q1: torch.Tensor, cu_K1: torch.Tensor, max_q: int, max_k: int,
-                  options: dict) -> torch.Tensor:
-    """`torch.nn.attention.varlen.varlen_attn`, causal within each segment (cu_Q1, cu_K1: the segments' starts in
+def varlen_kernel(query_MQD, key_YJD, value_YJD, cu_R1: torch.Tensor, cu_key_R1: torch.Tensor, max_q: int,
+                  max_k: int, options: dict) -> torch.Tensor:
+    """`torch.nn.attention.varlen.varlen_attn`, causal within each segment (cu_R1, cu_key_R1: the segments' starts in
     the queries and keys, max_q, max_k: the longest), with `varlen_options`' keywords."""
     from torch.nn.attention.varlen import varlen_attn
 
-    return varlen_attn(query_MQD, key_KJD, value_KJD, cu_Q1, cu_K1, max_q, max_k, **options)
+    return varlen_attn(query_MQD, key_YJD, value_YJD, cu_R1, cu_key_R1, max_q, max_k, **options)
 
 
 def varlen_in_graph(layout: VarlenLayout, options: dict):
@@ -323,10 +323,10 @@ def _document_mask(stream, query_MQD, key_MJD, value_MJD, scale: float) -> torch
     if stream.shares_prompts:
         # A token sees the keys of its segment (its prompt's and its own) up to its own position in the row.
         segment_M = torch.searchsorted(stream.cu_R1[1:].long(), torch.arange(M, device=query_MQD.device), right=True)
-        key_segment_K = torch.searchsorted(stream.cu_K1[1:].long(), torch.arange(len(stream.key_K),
+        key_segment_Y = torch.searchsorted(stream.cu_key_R1[1:].long(), torch.arange(len(stream.key_Y),
                                                                                  device=query_MQD.device), right=True)
         member_RM = torch.zeros(stream.rows, M, dtype=torch.bool, device=query_MQD.device)
-        member_RM[key_segment_K, stream.key_K] = True
+        member_RM[key_segment_Y, stream.key_Y] = True
         allowed_MM = member_RM[segment_M] & (stream.position_M[None, :] <= stream.position_M[:, None])
     else:
         causal_MM = torch.ones(M, M, dtype=torch.bool, device=query_MQD.device).tril()

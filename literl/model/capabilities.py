@@ -326,14 +326,15 @@ PACKED_ROUTE: dict[str, tuple[str, ...]] = {"cuda": ("varlen", "padded")}
 # The packed kernels whose stream shares each distinct prompt among the rows that continue it (`packing`, module
 # docstring): a GRPO group's prompt runs through the layers once instead of once per row, its keys and values
 # gathered for each response (with the varlen kernel a segment then has more keys than queries, its causal mask
-# aligned at the segment's end: the CUDA probe and gpu test pass). MEASURED NOT TO PAY with varlen, so not on by
-# default there: on an H100 (2026-11-27, docs/speed.md) the 0.6B body's stream lost 11% of its tokens (33,201 →
-# 29,407) and its matmuls 11% of their time, but the gather's backward (a bfloat16 index_add with atomics over
-# every gathered key and value, 17.5 ms an update) took it back: update 0.280 s against 0.278 s whole. The gather
-# now places each stream token's key once and copies only the prompts' (`attention.gathered_keys`: a backward of
-# gathers and a sum over the ~4,000 copies, ~2 ms by arithmetic), NOT MEASURED on a GPU yet, so still off there;
-# `benchmarks/gpu_step.py --share-prompts` measures it (`gpu_session.sh` runs it beside the default). The document-mask kernel (the CPU reference) shares, so
-# that the layout is tested against whole rows where CI runs. `padded` attends within whole rows only.
+# aligned at the segment's end: the CUDA probe and gpu test passed on an H100). MEASURED NOT TO PAY with varlen,
+# so not on by default there: on an H100 (2026-11-27, docs/speed.md) the 0.6B body's stream lost 11% of its tokens
+# (33,201 → 29,407) and its matmuls 11% of their time, but the gather's backward (a bfloat16 index_add with atomics
+# over every gathered key and value, 17.5 ms an update) took it back: update 0.280 s against 0.278 s whole. The
+# gather now places each stream token's key once and copies only the prompts' (`attention.gathered_keys`: a
+# backward of gathers and a sum over the ~4,000 copies, ~2 ms by arithmetic), NOT MEASURED on a GPU yet, so still
+# off there; `benchmarks/gpu_step.py --share-prompts` measures it (`gpu_session.sh` runs it beside the default).
+# The document-mask kernel (the CPU reference) shares, so that the layout is tested against whole rows where CI
+# runs. `padded` attends within whole rows only.
 SHARED_PACKED_PROMPTS: tuple[str, ...] = ("document_mask",)
 
 

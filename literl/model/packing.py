@@ -14,7 +14,7 @@ between kernels).
 
 With `share_prompts=True` (`pack_rows`) rows that continue the same prompt (a GRPO group) share it: each distinct
 prompt is one segment of the stream, run through the layers once, and each row's response is a segment of its own
-whose attention reads its prompt's keys and values (gathered, `key_K`) before its own:
+whose attention reads its prompt's keys and values (gathered, `key_Y`) before its own:
 
     stream  prompt a | prompt b | row 0's response | row 1's response | …     (rows 0, 1 continue prompt a)
     keys    prompt a | prompt b | prompt a, row 0's response | prompt a, row 1's response | …
@@ -44,7 +44,7 @@ from literl.model.layer import decoder_layer, routed_linears
 from literl.model.moe import TokenRoutes
 
 _INDEX_FIELDS = ("ids_M", "position_M", "row_M", "slot_M", "predictor_P", "target_P", "flat_P", "cu_R1")
-_KEY_FIELDS = ("key_K", "cu_K1", "own_slot_M", "copy_slot_C", "copy_source_C")
+_KEY_FIELDS = ("key_Y", "cu_key_R1", "own_slot_M", "copy_slot_A", "copy_source_A")
 
 
 @dataclass
@@ -62,13 +62,13 @@ class PackedRows:
     flat_P              b · T + t of each: where its log-prob goes in a [B, T] map
     rows, width         segments and the longest one's length (Python ints: shapes the host knows)
     batch_rows, T       the [B, T] shape of the log-probs
-    key_K, cu_K1        shared prompts only (else None): the stream position of every key each segment attends
+    key_Y, cu_key_R1        shared prompts only (else None): the stream position of every key each segment attends
                         over, segment after segment (a response's: its prompt's, then its own), and where each
                         segment's keys start
     key_width           the longest segment's keys (0 without shared prompts)
     own_slot_M          shared prompts only: where each stream token's own key goes among the K keys (once each)
-    copy_slot_C, copy_source_C   shared prompts only: the C copies of prompt keys in response segments, where they
-                        go and which stream token they copy (key_K = own keys and copies, `attention.gathered_keys`)
+    copy_slot_A, copy_source_A   shared prompts only: the C copies of prompt keys in response segments, where they
+                        go and which stream token they copy (key_Y = own keys and copies, `attention.gathered_keys`)
     """
 
     ids_M: torch.Tensor
@@ -83,16 +83,16 @@ class PackedRows:
     width: int
     batch_rows: int
     T: int
-    key_K: torch.Tensor | None = None
-    cu_K1: torch.Tensor | None = None
+    key_Y: torch.Tensor | None = None
+    cu_key_R1: torch.Tensor | None = None
     key_width: int = 0
     own_slot_M: torch.Tensor | None = None
-    copy_slot_C: torch.Tensor | None = None
-    copy_source_C: torch.Tensor | None = None
+    copy_slot_A: torch.Tensor | None = None
+    copy_source_A: torch.Tensor | None = None
 
     @property
     def shares_prompts(self) -> bool:
-        return self.key_K is not None
+        return self.key_Y is not None
 
     @property
     def tokens(self) -> int:
@@ -109,7 +109,7 @@ class PackedRows:
             flat = flat.pin_memory()
         flat = flat.to(device, non_blocking=True)
         moved = dict(zip(names, flat.split([part.numel() for part in parts])))
-        for starts in ("cu_R1", "cu_K1"):
+        for starts in ("cu_R1", "cu_key_R1"):
             if starts in moved:
                 moved[starts] = moved[starts].to(torch.int32)
         return dataclasses.replace(self, **moved)
@@ -156,60 +156,60 @@ def _shared_prompt_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, val
     B, T = valid_BT.shape
     kept = [b for b in range(B) if count_B[b] > 0]
     prompt_of: dict[tuple[int, ...], int] = {}
-    group_B = torch.full((B,), -1, dtype=torch.long)
+    prompt_B = torch.full((B,), -1, dtype=torch.long)
     for b in kept:
-        group_B[b] = prompt_of.setdefault(tuple(tokens_BL[b, :prompt_len_B[b]].tolist()), len(prompt_of))
+        prompt_B[b] = prompt_of.setdefault(tuple(tokens_BL[b, :prompt_len_B[b]].tolist()), len(prompt_of))
     if len(prompt_of) == len(kept):
         return None
-    first_G = torch.full((len(prompt_of),), B, dtype=torch.long).scatter_reduce(
-        0, group_B[kept], torch.tensor(kept), "amin")
-    prompt_len_G = prompt_len_B[first_G]
-    # Segments: the G prompts, then one per row with a response token to feed (a row whose only valid token is
+    first_U = torch.full((len(prompt_of),), B, dtype=torch.long).scatter_reduce(
+        0, prompt_B[kept], torch.tensor(kept), "amin")
+    prompt_len_U = prompt_len_B[first_U]
+    # Segments: the U distinct prompts, then one per row with a response token to feed (a row whose only valid token is
     # predicted by its prompt's last token has none).
-    answered_A = torch.tensor([b for b in kept if count_B[b] > 1], dtype=torch.long)
-    length_A = count_B[answered_A] - 1
-    length_S = torch.cat([prompt_len_G, length_A])
-    cu_S1 = torch.cat([torch.zeros(1, dtype=torch.long), length_S.cumsum(0)])
-    segment_M = torch.repeat_interleave(torch.arange(len(length_S)), length_S)
-    offset_M = torch.arange(int(cu_S1[-1])) - cu_S1[segment_M]
-    G = len(prompt_len_G)
-    is_prompt_M = segment_M < G
-    row_S = torch.cat([first_G, answered_A])
-    row_M = row_S[segment_M]
+    responding = torch.tensor([b for b in kept if count_B[b] > 1], dtype=torch.long)
+    responding_length = count_B[responding] - 1
+    length_R = torch.cat([prompt_len_U, responding_length])
+    cu_R1 = torch.cat([torch.zeros(1, dtype=torch.long), length_R.cumsum(0)])
+    segment_M = torch.repeat_interleave(torch.arange(len(length_R)), length_R)
+    offset_M = torch.arange(int(cu_R1[-1])) - cu_R1[segment_M]
+    U = len(prompt_len_U)
+    is_prompt_M = segment_M < U
+    row_R = torch.cat([first_U, responding])
+    row_M = row_R[segment_M]
     # A response segment starts at its row's prompt length: token prompt_len + offset of its row.
     position_M = offset_M + torch.where(is_prompt_M, 0, prompt_len_B[row_M])
     # Keys: a prompt segment its own tokens; a response segment its prompt's, then its own.
-    prompt_start_G = cu_S1[:G]
-    group_A = group_B[answered_A]
-    key_length_S = torch.cat([prompt_len_G, prompt_len_G[group_A] + length_A])
-    cu_K1 = torch.cat([torch.zeros(1, dtype=torch.long), key_length_S.cumsum(0)])
-    key_segment_K = torch.repeat_interleave(torch.arange(len(length_S)), key_length_S)
-    key_offset_K = torch.arange(int(cu_K1[-1])) - cu_K1[key_segment_K]
-    # The key's prompt (for a response segment: its row's group) and how many of its keys are prompt tokens.
-    key_group_K = torch.where(key_segment_K < G, key_segment_K, group_B[row_S[key_segment_K]])
-    in_prompt_K = (key_segment_K < G) | (key_offset_K < prompt_len_G[key_group_K])
-    key_K = torch.where(in_prompt_K, prompt_start_G[key_group_K] + key_offset_K,
-                        cu_S1[key_segment_K] + key_offset_K - prompt_len_G[key_group_K])
+    prompt_start_U = cu_R1[:U]
+    responding_prompt = prompt_B[responding]
+    key_length_R = torch.cat([prompt_len_U, prompt_len_U[responding_prompt] + responding_length])
+    cu_key_R1 = torch.cat([torch.zeros(1, dtype=torch.long), key_length_R.cumsum(0)])
+    key_segment_Y = torch.repeat_interleave(torch.arange(len(length_R)), key_length_R)
+    key_offset_Y = torch.arange(int(cu_key_R1[-1])) - cu_key_R1[key_segment_Y]
+    # The key's prompt (for a response segment: its row's) and whether the key is one of that prompt's tokens.
+    key_prompt_Y = torch.where(key_segment_Y < U, key_segment_Y, prompt_B[row_R[key_segment_Y]])
+    in_prompt_Y = (key_segment_Y < U) | (key_offset_Y < prompt_len_U[key_prompt_Y])
+    key_Y = torch.where(in_prompt_Y, prompt_start_U[key_prompt_Y] + key_offset_Y,
+                        cu_R1[key_segment_Y] + key_offset_Y - prompt_len_U[key_prompt_Y])
     # Each stream token's own key appears once; prompt keys in response segments are copies.
-    copy_K = in_prompt_K & (key_segment_K >= G)
-    copy_slot_C = copy_K.nonzero().flatten()
-    own_slot_X = (~copy_K).nonzero().flatten()
+    copy_Y = in_prompt_Y & (key_segment_Y >= U)
+    copy_slot_A = copy_Y.nonzero().flatten()
+    own_slots = (~copy_Y).nonzero().flatten()
     own_slot_M = torch.empty(len(position_M), dtype=torch.long)
-    own_slot_M[key_K[own_slot_X]] = own_slot_X
+    own_slot_M[key_Y[own_slots]] = own_slots
     segment_of_row_B = torch.full((B,), -1, dtype=torch.long)
-    segment_of_row_B[answered_A] = torch.arange(G, G + len(answered_A))
+    segment_of_row_B[responding] = torch.arange(U, U + len(responding))
     b_P, t_P = valid_BT.nonzero(as_tuple=True)
     first_token_P = t_P == 0
-    predictor_P = torch.where(first_token_P, prompt_start_G[group_B[b_P]] + prompt_len_B[b_P] - 1,
-                              cu_S1[segment_of_row_B[b_P].clamp(min=0)] + t_P - 1)
+    predictor_P = torch.where(first_token_P, prompt_start_U[prompt_B[b_P]] + prompt_len_B[b_P] - 1,
+                              cu_R1[segment_of_row_B[b_P].clamp(min=0)] + t_P - 1)
     position_P = prompt_len_B[b_P] - 1 + t_P
-    width = int(length_S.max())
+    width = int(length_R.max())
     return PackedRows(
         ids_M=tokens_BL[row_M, position_M], position_M=position_M, row_M=row_M, slot_M=segment_M * width + offset_M,
         predictor_P=predictor_P, target_P=tokens_BL[b_P, (position_P + 1).clamp(max=tokens_BL.shape[1] - 1)],
-        flat_P=b_P * T + t_P, cu_R1=cu_S1, rows=len(length_S), width=width, batch_rows=B, T=T, key_K=key_K,
-        cu_K1=cu_K1, key_width=int(key_length_S.max()), own_slot_M=own_slot_M, copy_slot_C=copy_slot_C,
-        copy_source_C=key_K[copy_slot_C])
+        flat_P=b_P * T + t_P, cu_R1=cu_R1, rows=len(length_R), width=width, batch_rows=B, T=T, key_Y=key_Y,
+        cu_key_R1=cu_key_R1, key_width=int(key_length_R.max()), own_slot_M=own_slot_M, copy_slot_A=copy_slot_A,
+        copy_source_A=key_Y[copy_slot_A])
 
 
 def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes | None = None, *,
@@ -227,8 +227,8 @@ def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes 
     if compiled and routes is None and kernel == "varlen":
         layer_step, options = compiled_varlen_layer(), attention.varlen_options_of(decoder.layers[0].self_attn)
         for layer in decoder.layers:
-            hidden_MH = layer_step(layer, hidden_MH, cos_M1D, sin_M1D, packed.cu_R1, packed.width, packed.cu_K1,
-                                   packed.key_width, packed.own_slot_M, packed.copy_slot_C, packed.copy_source_C,
+            hidden_MH = layer_step(layer, hidden_MH, cos_M1D, sin_M1D, packed.cu_R1, packed.width, packed.cu_key_R1,
+                                   packed.key_width, packed.own_slot_M, packed.copy_slot_A, packed.copy_source_A,
                                    options)
     elif compiled and routes is None:
         layer_step = compiled_packed_layer()
@@ -263,11 +263,11 @@ def compiled_packed_layer():
 
 
 def varlen_layer(layer, hidden_MH: torch.Tensor, cos_M1D: torch.Tensor, sin_M1D: torch.Tensor, cu_R1: torch.Tensor,
-                 width: int, cu_K1: torch.Tensor | None, key_width: int, own_slot_M: torch.Tensor | None,
-                 copy_slot_C: torch.Tensor | None, copy_source_C: torch.Tensor | None, options: dict) -> torch.Tensor:
+                 width: int, cu_key_R1: torch.Tensor | None, key_width: int, own_slot_M: torch.Tensor | None,
+                 copy_slot_A: torch.Tensor | None, copy_source_A: torch.Tensor | None, options: dict) -> torch.Tensor:
     """One layer of `packed_layers` with the varlen kernel, traced whole (`attention.varlen_in_graph`); the
     stream's layout comes as separate arguments, so that its lengths are symbolic ints of the graph."""
-    layout = attention.VarlenLayout(cu_R1, width, cu_K1, key_width, own_slot_M, copy_slot_C, copy_source_C)
+    layout = attention.VarlenLayout(cu_R1, width, cu_key_R1, key_width, own_slot_M, copy_slot_A, copy_source_A)
     return decoder_layer(layer, hidden_MH, cos_M1D, sin_M1D, attention=attention.varlen_in_graph(layout, options))
 
 

@@ -51,11 +51,11 @@ def test_pack_rows_runs_each_shared_prompt_once_and_gives_each_response_its_keys
     assert packed.position_M.tolist() == [0, 1, 0, 2, 3, 1]
     assert packed.row_M.tolist() == [0, 0, 2, 0, 0, 2]
     assert packed.cu_R1.tolist() == [0, 2, 3, 5, 6] and (packed.rows, packed.width) == (4, 2)
-    assert packed.key_K.tolist() == [0, 1, 2, 0, 1, 3, 4, 2, 5] and packed.cu_K1.tolist() == [0, 2, 3, 7, 9]
+    assert packed.key_Y.tolist() == [0, 1, 2, 0, 1, 3, 4, 2, 5] and packed.cu_key_R1.tolist() == [0, 2, 3, 7, 9]
     assert packed.key_width == 4
     # The keys as the varlen route places them: each stream token's own key once, then the prompt copies.
     assert packed.own_slot_M.tolist() == [0, 1, 2, 5, 6, 8]
-    assert packed.copy_slot_C.tolist() == [3, 4, 7] and packed.copy_source_C.tolist() == [0, 1, 2]
+    assert packed.copy_slot_A.tolist() == [3, 4, 7] and packed.copy_source_A.tolist() == [0, 1, 2]
     assert packed.predictor_P.tolist() == [1, 3, 4, 1, 2, 5]
     assert packed.target_P.tolist() == [7, 8, 9, 3, 2, 1]
     assert packed.flat_P.tolist() == [0, 1, 2, 3, 6, 7]
@@ -66,7 +66,7 @@ def test_pack_rows_runs_each_shared_prompt_once_and_gives_each_response_its_keys
 
 def test_gathered_keys_equal_an_index_select_forward_and_backward():
     """`attention.gathered_keys` (own keys placed once, prompt copies apart: a backward without atomics over every
-    key) gives x[key_K] and, for a weighted sum of it, x's gradient: each prompt key's gradient is the sum over its
+    key) gives x[key_Y] and, for a weighted sum of it, x's gradient: each prompt key's gradient is the sum over its
     own key and its copies (three rows continuing the prompt 5 6: its tokens' keys each placed once and copied
     twice)."""
     from literl.model.attention import VarlenLayout, gathered_keys
@@ -74,11 +74,11 @@ def test_gathered_keys_equal_an_index_select_forward_and_backward():
     tokens_BL = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 3, 4, 0], [5, 6, 2, 1, 0]])
     valid_BT = torch.tensor([[True, True, True], [True, True, False], [True, True, False]])
     packed = pack_rows(tokens_BL, torch.tensor([2, 2, 2]), valid_BT, share_prompts=True)
-    assert packed.shares_prompts and packed.copy_source_C.tolist() == [0, 1, 0, 1, 0, 1]
+    assert packed.shares_prompts and packed.copy_source_A.tolist() == [0, 1, 0, 1, 0, 1]
     x = torch.randn(packed.tokens, 2, 3, dtype=torch.float64, requires_grad=True)
-    weights = torch.randn(packed.key_K.numel(), 2, 3, dtype=torch.float64)
+    weights = torch.randn(packed.key_Y.numel(), 2, 3, dtype=torch.float64)
     got = gathered_keys(x, VarlenLayout.of(packed))
-    expected = x.index_select(0, packed.key_K)
+    expected = x.index_select(0, packed.key_Y)
     assert torch.equal(got, expected)
     (grad_got,) = torch.autograd.grad((weights * got).sum(), x)
     (grad_expected,) = torch.autograd.grad((weights * expected).sum(), x)
@@ -93,8 +93,9 @@ def test_shared_prompt_keys_move_to_a_device_with_the_rest():
                        share_prompts=True)
     assert packed.to(torch.device("cpu")) is packed
     moved = packed.to(torch.device("meta"))
-    assert moved.key_K.device.type == "meta" and moved.cu_K1.dtype == torch.int32 and moved.cu_R1.dtype == torch.int32
-    assert moved.key_K.shape == packed.key_K.shape
+    assert moved.key_Y.device.type == "meta" and moved.copy_slot_A.device.type == "meta"
+    assert moved.cu_key_R1.dtype == torch.int32 and moved.cu_R1.dtype == torch.int32
+    assert moved.key_Y.shape == packed.key_Y.shape
 
 
 def test_a_forward_that_shares_prompts_gives_each_row_its_whole_rows_gradients(monkeypatch):
@@ -250,8 +251,8 @@ def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monk
 
     from literl.model import attention
 
-    def stand_in(query, key, value, cu_Q1, cu_K1, max_q, max_k, options):
-        return stand_in_varlen(query, key, value, cu_Q1, cu_K1, options["scale"])
+    def stand_in(query, key, value, cu_Q1, cu_key_R1, max_q, max_k, options):
+        return stand_in_varlen(query, key, value, cu_Q1, cu_key_R1, options["scale"])
 
     monkeypatch.setattr(attention, "varlen_kernel", stand_in)
     monkeypatch.setattr("literl.model.capabilities.SHARED_PACKED_PROMPTS", ("varlen", "document_mask"))

@@ -18,26 +18,26 @@ import torch
 
 
 @torch.library.custom_op("literl_test::varlen_attention", mutates_args=())
-def stand_in_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_Q1: torch.Tensor,
-                    cu_K1: torch.Tensor, scale: float) -> torch.Tensor:
+def stand_in_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_R1: torch.Tensor,
+                    cu_key_R1: torch.Tensor, scale: float) -> torch.Tensor:
     q, k, v = _heads_first(query, key, value)
-    out = _segment_causal_probs(q, k, cu_Q1, cu_K1, scale) @ v
+    out = _segment_causal_probs(q, k, cu_R1, cu_key_R1, scale) @ v
     return out.transpose(0, 1).to(query.dtype).contiguous()
 
 
 @stand_in_varlen.register_fake
-def _(query, key, value, cu_Q1, cu_K1, scale):
+def _(query, key, value, cu_R1, cu_key_R1, scale):
     return query.new_empty(query.shape)
 
 
 @torch.library.custom_op("literl_test::varlen_attention_backward", mutates_args=())
 def _stand_in_varlen_backward(grad: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                              cu_Q1: torch.Tensor, cu_K1: torch.Tensor, scale: float
+                              cu_R1: torch.Tensor, cu_key_R1: torch.Tensor, scale: float
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O)), dQ = scale·dS·K, dK = scale·dSᵀ·Q; grouped heads summed.
     q, k, v = _heads_first(query, key, value)
     d_out = grad.transpose(0, 1).float()
-    probs = _segment_causal_probs(q, k, cu_Q1, cu_K1, scale)
+    probs = _segment_causal_probs(q, k, cu_R1, cu_key_R1, scale)
     out = probs @ v
     d_scores = probs * (d_out @ v.transpose(1, 2) - (d_out * out).sum(-1, keepdim=True))
     d_query, d_key, d_value = scale * d_scores @ k, scale * d_scores.transpose(1, 2) @ q, probs.transpose(1, 2) @ d_out
@@ -48,19 +48,19 @@ def _stand_in_varlen_backward(grad: torch.Tensor, query: torch.Tensor, key: torc
 
 
 @_stand_in_varlen_backward.register_fake
-def _(grad, query, key, value, cu_Q1, cu_K1, scale):
+def _(grad, query, key, value, cu_R1, cu_key_R1, scale):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _stand_in_setup(ctx, inputs, output):
-    query, key, value, cu_Q1, cu_K1, scale = inputs
-    ctx.save_for_backward(query, key, value, cu_Q1, cu_K1)
+    query, key, value, cu_R1, cu_key_R1, scale = inputs
+    ctx.save_for_backward(query, key, value, cu_R1, cu_key_R1)
     ctx.scale = scale
 
 
 def _stand_in_grad(ctx, grad):
-    query, key, value, cu_Q1, cu_K1 = ctx.saved_tensors
-    return (*_stand_in_varlen_backward(grad, query, key, value, cu_Q1, cu_K1, ctx.scale), None, None, None)
+    query, key, value, cu_R1, cu_key_R1 = ctx.saved_tensors
+    return (*_stand_in_varlen_backward(grad, query, key, value, cu_R1, cu_key_R1, ctx.scale), None, None, None)
 
 
 stand_in_varlen.register_autograd(_stand_in_grad, setup_context=_stand_in_setup)
@@ -73,17 +73,17 @@ def _heads_first(query_MQD, key_MJD, value_MJD):
                                                              value_MJD.repeat_interleave(groups, 1)))
 
 
-def _segment_causal_probs(q_QMD, k_QKD, cu_Q1, cu_K1, scale):
-    segment_M, offset_M, length_M = _segments(cu_Q1, q_QMD.shape[1])
-    segment_K, offset_K, length_K = _segments(cu_K1, k_QKD.shape[1])
+def _segment_causal_probs(q_QMD, k_QYD, cu_R1, cu_key_R1, scale):
+    segment_M, offset_M, length_M = _segments(cu_R1, q_QMD.shape[1])
+    segment_Y, offset_Y, length_Y = _segments(cu_key_R1, k_QYD.shape[1])
     # Aligned at the ends: query offset a of a segment with n queries and m keys sees keys up to offset a + m − n.
-    allowed_MK = (segment_M[:, None] == segment_K[None, :]) & (
-        offset_K[None, :] - length_K[None, :] <= offset_M[:, None] - length_M[:, None])
-    return torch.softmax((scale * q_QMD @ k_QKD.transpose(1, 2)).masked_fill(~allowed_MK, -torch.inf), -1)
+    allowed_MY = (segment_M[:, None] == segment_Y[None, :]) & (
+        offset_Y[None, :] - length_Y[None, :] <= offset_M[:, None] - length_M[:, None])
+    return torch.softmax((scale * q_QMD @ k_QYD.transpose(1, 2)).masked_fill(~allowed_MY, -torch.inf), -1)
 
 
-def _segments(cu_S1, M):
+def _segments(cu_R1, M):
     """Each position's segment, offset in it, and the segment's length."""
-    length_S = (cu_S1[1:] - cu_S1[:-1]).long()
-    segment_M = torch.repeat_interleave(torch.arange(len(length_S)), length_S)
-    return segment_M, torch.arange(M) - cu_S1[:-1].long()[segment_M], length_S[segment_M]
+    length_R = (cu_R1[1:] - cu_R1[:-1]).long()
+    segment_M = torch.repeat_interleave(torch.arange(len(length_R)), length_R)
+    return segment_M, torch.arange(M) - cu_R1[:-1].long()[segment_M], length_R[segment_M]
