@@ -2,7 +2,8 @@
 # Every GPU figure and test in one call (docs/speed.md, "On a GPU" and "GPU decode"), for a lent machine with a
 # time budget: each part has its own limit, and what a part printed is kept under $OUT (default ./gpu-out) even
 # when a later part is stopped. Carry .whl (benchmarks/gpu_wheels.sh) to a bare image.
-#     bash benchmarks/gpu_session.sh            # ≈ 7 minutes on one H100/H200 (GPU_SESSION_S: its budget)
+#     bash benchmarks/gpu_session.sh            # ≈ 8 minutes on one H100/H200 (GPU_SESSION_S: its budget)
+#     GPU_SESSION_S=0 bash benchmarks/gpu_session.sh   # parts 1, 1b and 2 only (≈ 6 minutes on an H100)
 #     bash benchmarks/gpu_session.sh suite      # instead: every non-slow test with CUDA present (≈ 4 minutes)
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -38,8 +39,9 @@ for body in qwen3-0.6b qwen3-1.7b; do     # a process each: each body's compile 
   timeout 150 python3 benchmarks/gpu_step.py --models $body --steps 2 --warmup 2 --compile-update --no-hf \
     --no-kernels --profile "$OUT/profile" >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"; echo "rc=$?" >> "$OUT/steps.err"
 done
-# 1b. the same 0.6B step with each distinct prompt shared in the stream (off by default: measured not to pay on an
-#     H100, docs/speed.md): on the same machine in the same call
+# 1b. the same 0.6B step with each distinct prompt shared in the stream, on the same machine in the same call (off
+#     by default: with its first gather measured not to pay on an H100; the gather rebuilt since,
+#     `attention.gathered_keys`, is what this measures: docs/speed.md)
 mark "qwen3-0.6b, update compiled, shared prompts"
 timeout 150 python3 benchmarks/gpu_step.py --models qwen3-0.6b --steps 2 --warmup 2 --compile-update --no-hf \
   --no-kernels --share-prompts >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"; echo "rc=$?" >> "$OUT/steps.err"

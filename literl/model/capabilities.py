@@ -30,7 +30,8 @@ why; an out-of-memory or an accelerator backend error during a probe is raised, 
 
 Device choices made here by measurement (or, where no measurement exists yet, said so): `records_forward` (the
 update replaying the rollout's forward: CPU only), `PACKED_ROUTE` (which devices pack rows, with which kernels),
-`SHARED_PACKED_PROMPTS` (which of those kernels share prompts), and `micro_batch_tokens` (`trainer.micro_batch_tokens=auto`: sized from free accelerator memory).
+`SHARED_PACKED_PROMPTS` (which of those kernels share prompts), and `micro_batch_tokens`
+(`trainer.micro_batch_tokens=auto`: sized from free accelerator memory).
 """
 
 from __future__ import annotations
