@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import dataclasses
 import inspect
 from dataclasses import dataclass
 
@@ -224,8 +225,8 @@ class VarlenLayout:
 
     @classmethod
     def of(cls, stream) -> "VarlenLayout":
-        return cls(stream.cu_R1, stream.width, stream.cu_key_R1, stream.key_width, stream.own_slot_M,
-                   stream.copy_slot_A, stream.copy_source_A)
+        """The layout of a `packing.PackedRows` (its fields of the same names)."""
+        return cls(**{field.name: getattr(stream, field.name) for field in dataclasses.fields(cls)})
 
 
 def varlen_segments(query_MQD, key_MJD, value_MJD, layout: VarlenLayout, options: dict) -> torch.Tensor:

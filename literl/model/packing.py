@@ -42,6 +42,7 @@ from literl.model.compiled import compile_for_varying_sizes
 from literl.model.kernels import apply_norm, gather_distinct_rows, repeat_rows
 from literl.model.layer import decoder_layer, routed_linears
 from literl.model.moe import TokenRoutes
+from literl.model.prompts import distinct_prompts
 
 _INDEX_FIELDS = ("ids_M", "position_M", "row_M", "slot_M", "predictor_P", "target_P", "flat_P", "cu_R1")
 _KEY_FIELDS = ("key_Y", "cu_key_R1", "own_slot_M", "copy_slot_A", "copy_source_A")
@@ -154,19 +155,19 @@ def _shared_prompt_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, val
                         count_B: torch.Tensor) -> PackedRows | None:
     """`pack_rows` with each distinct prompt once; None when no two kept rows continue the same prompt."""
     B, T = valid_BT.shape
-    kept = [b for b in range(B) if count_B[b] > 0]
-    prompt_of: dict[tuple[int, ...], int] = {}
-    prompt_B = torch.full((B,), -1, dtype=torch.long)
-    for b in kept:
-        prompt_B[b] = prompt_of.setdefault(tuple(tokens_BL[b, :prompt_len_B[b]].tolist()), len(prompt_of))
-    if len(prompt_of) == len(kept):
+    kept = torch.nonzero(count_B > 0).flatten()
+    if len(kept) < 2:
         return None
-    first_U = torch.full((len(prompt_of),), B, dtype=torch.long).scatter_reduce(
-        0, prompt_B[kept], torch.tensor(kept), "amin")
-    prompt_len_U = prompt_len_B[first_U]
+    prompts = distinct_prompts([tokens_BL[b, :n].tolist() for b, n in zip(kept.tolist(), prompt_len_B[kept].tolist())],
+                               pad_id=0, device=torch.device("cpu"))
+    if len(prompts.length_U) == len(kept):
+        return None
+    prompt_B = torch.full((B,), -1, dtype=torch.long)
+    prompt_B[kept] = prompts.source_B
+    first_U, prompt_len_U = kept[prompts.first_rows_U()], prompts.length_U
     # Segments: the U distinct prompts, then one per row with a response token to feed (a row whose only valid token is
     # predicted by its prompt's last token has none).
-    responding = torch.tensor([b for b in kept if count_B[b] > 1], dtype=torch.long)
+    responding = torch.nonzero(count_B > 1).flatten()
     responding_length = count_B[responding] - 1
     length_R = torch.cat([prompt_len_U, responding_length])
     cu_R1 = torch.cat([torch.zeros(1, dtype=torch.long), length_R.cumsum(0)])
