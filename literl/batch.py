@@ -158,13 +158,19 @@ class TrainBatch(_Rows):
     forward_record: "ForwardRecord | None" = None
     pad_id: int = 0
     step_share: float = 1.0            # this micro-batch's share of its optimizer step's response tokens
+    epochs: int = 1                    # passes the update makes over the mini-batches (PPO epochs)
 
-    _scalars: ClassVar[tuple[str, ...]] = ("pad_id", "step_share")
+    _scalars: ClassVar[tuple[str, ...]] = ("pad_id", "step_share", "epochs")
 
     def minibatches(self) -> list["TrainBatch"]:
-        """One batch per optimizer step, in order."""
+        """One batch per optimizer step, in order: the N mini-batches, `epochs` times over. Each one's
+        `minibatch_B` says which optimizer step of the rollout batch it is (e·N + k in pass e), so what is logged
+        per mini-batch (`st/ppo_kl_mb<k>`, `moe/route_agree_st_mb<k>`) follows the policy's drift through every
+        pass."""
         n = int(self.minibatch_B.max().item()) + 1 if len(self) else 0
-        return [self.select(torch.nonzero(self.minibatch_B == k).flatten()) for k in range(n)]
+        parts = [self.select(torch.nonzero(self.minibatch_B == k).flatten()) for k in range(n)]
+        return [part if epoch == 0 else dataclasses.replace(part, minibatch_B=part.minibatch_B + epoch * n)
+                for epoch in range(self.epochs) for part in parts]
 
     def micro_batches(self, max_tokens: int, *, packed: bool = False) -> list["TrainBatch"]:
         """Split into micro-batches of at most `max_tokens` padded tokens (`packed`: real tokens, for a forward

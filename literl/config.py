@@ -288,7 +288,11 @@ class OptimConfig:
 @dataclass
 class TrainerConfig:
     steps: int = knob(100, "rollout batches to train on")
-    minibatches: int = knob(1, "optimizer steps per rollout batch (1: on-policy; >1: off-policy updates)")
+    minibatches: int = knob(1, "optimizer steps per pass over a rollout batch (1: on-policy; >1: off-policy "
+                               "updates)")
+    epochs: int = knob(1, "passes over each rollout batch (PPO epochs: verl's ppo_epochs, TRL's num_iterations): "
+                          "each pass takes the same mini-batches again, so a rollout batch gives minibatches x "
+                          "epochs optimizer steps and every pass after the first is off-policy")
     micro_batch_tokens: Any = knob("auto", "max padded tokens per forward/backward (real tokens where rows are "
                                            "packed: CUDA), the gradient accumulation unit (exactness does not "
                                            "depend on it): a number, or auto (16384 on CPU; on CUDA sized from the "

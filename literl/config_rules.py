@@ -171,6 +171,7 @@ def validate(cfg: Config) -> None:
     _check(1 <= t.minibatches <= r.prompts_per_step,
            f"trainer.minibatches={t.minibatches} must be between 1 and rollout.prompts_per_step={r.prompts_per_step} "
            "(mini-batches hold whole groups)")
+    _check(t.epochs >= 1, f"trainer.epochs={t.epochs} must be >= 1 (1: each rollout batch is trained on once)")
     _check(t.micro_batch_tokens == "auto" or (isinstance(t.micro_batch_tokens, int)
                                               and not isinstance(t.micro_batch_tokens, bool)
                                               and t.micro_batch_tokens >= 1),
@@ -233,7 +234,7 @@ def validate(cfg: Config) -> None:
     if algo.policy_loss.name in ("clip_cov", "kl_cov") and algo.aggregation.name != "token_mean":
         warnings.warn(f"{algo.policy_loss.name} is defined with token_mean aggregation (the paper's token-level loss, "
                       f"algorithms.md §10.5-10.6); {algo.aggregation.name} weighs tokens differently")
-    if algo.policy_loss.name == "kl_cov" and t.minibatches == 1 and not algo.bypass_mode:
+    if algo.policy_loss.name == "kl_cov" and t.minibatches == 1 and t.epochs == 1 and not algo.bypass_mode:
         warnings.warn("kl_cov's |log ρ| penalty has zero gradient while ρ = 1, and with trainer.minibatches=1 every "
                       "update is on-policy: the run is the plain policy gradient (algorithms.md §10.6); set "
                       "trainer.minibatches > 1, as the paper's recipes do")

@@ -110,10 +110,11 @@ class Objective:
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
-    def needs_old_logp_pass(self, minibatches: int) -> bool:
-        """Whether old_logp must be recomputed before the update.
+    def needs_old_logp_pass(self, optimizer_steps: int) -> bool:
+        """Whether old_logp must be recomputed before an update of `optimizer_steps` steps on one rollout batch
+        (mini-batches × epochs).
 
-        It need not when it can be read off the update itself: with one on-policy mini-batch, θ = θ_old in
+        It need not when it can be read off the update itself: with one on-policy optimizer step, θ = θ_old in
         the only forward, so old_logp = sg(logp) exactly — unless something in `prepare` (an IS correction,
         a KL reward penalty) needs it first, or R2 Routing Replay needs the experts that pass chooses (algorithms.md
         §6). Bypass mode never recomputes: old_logp := rollout_logp.
@@ -121,7 +122,7 @@ class Objective:
         if self.bypass_mode:
             return False
         identity_correction = getattr(self.is_correction, "is_identity", False)
-        return (minibatches > 1 or not identity_correction or (self.kl_in_reward and self.kl_coef > 0)
+        return (optimizer_steps > 1 or not identity_correction or (self.kl_in_reward and self.kl_coef > 0)
                 or self.routing_replay == "r2")
 
     def shape_rewards(self, scores_B: torch.Tensor, lengths_B: torch.Tensor, truncated_B: torch.Tensor):
@@ -135,9 +136,12 @@ class Objective:
 
     # ------------------------------------------------------------------------------------ once per rollout batch
     def prepare(self, batch: RolloutBatch, *, old_logp_BT: torch.Tensor | None = None,
-                ref_logp_BT: torch.Tensor | None = None, minibatches: int = 1,
+                ref_logp_BT: torch.Tensor | None = None, minibatches: int = 1, epochs: int = 1,
                 rng: torch.Generator | None = None) -> tuple[TrainBatch, dict[str, float]]:
         """Everything that does not depend on θ: masks, IS weights, advantages, aggregation weights.
+
+        The rows are shuffled into `minibatches` optimizer steps, which the update takes `epochs` times over (the
+        same mini-batches in the same order each pass: their aggregation weights hold in every pass).
 
         Metrics come back as floats of the whole batch; a min/max over no token (all masked) is left out.
         """
@@ -185,7 +189,7 @@ class Objective:
             old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT, adv_BT=adv_BT, is_weight_BT=is_weight_BT.detach(),
             weight_BT=weight_BT, minibatch_B=minibatch_B, group_B=batch.group_B, extras=extras,
             forward_record=batch.forward_record,
-            pad_id=batch.pad_id)
+            pad_id=batch.pad_id, epochs=epochs)
         return train, scalars(metrics)
 
     @staticmethod

@@ -100,6 +100,27 @@ def test_token_mean_weights_sum_to_one_per_minibatch_and_groups_stay_whole():
         assert len(torch.unique(train.minibatch_B[batch.group_B == gid])) == 1
 
 
+def test_epochs_take_the_same_minibatches_again_numbered_by_optimizer_step():
+    """16 rows in 4 groups, 2 mini-batches, 3 epochs: 6 optimizer steps, in the order (pass, mini-batch) =
+    (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1); pass e's k-th step holds the rows and weights of pass 0's k-th
+    and is numbered e·2 + k, so per-mini-batch metrics follow the drift through all six."""
+    obj = _objective("algorithm.aggregation.name=token_mean")
+    batch = _batch(B=16, T=5, G=4, empty_row=False)
+    once, _ = obj.prepare(batch, old_logp_BT=batch.rollout_logp_BT, minibatches=2,
+                          rng=torch.Generator().manual_seed(0))
+    thrice, _ = obj.prepare(batch, old_logp_BT=batch.rollout_logp_BT, minibatches=2, epochs=3,
+                            rng=torch.Generator().manual_seed(0))
+    first = once.minibatches()
+    steps = thrice.minibatches()
+    assert len(first) == 2 and len(steps) == 6
+    for index, step in enumerate(steps):
+        same = first[index % 2]
+        assert torch.equal(step.tokens_BL, same.tokens_BL) and torch.equal(step.weight_BT, same.weight_BT)
+        assert step.minibatch_B.tolist() == [index] * 8
+        assert float(step.weight_BT.sum()) == pytest.approx(1.0)
+    assert thrice.select(torch.arange(8)).epochs == 3 and thrice.trimmed().epochs == 3   # a scalar, kept whole
+
+
 def test_entropy_bonus_and_kl_loss_terms_match_their_formulas():
     """Two tokens of one sequence, token_mean (w = 1/2 each), A = 0 so the policy term is 0:
     KL k1 per token = logp − ref = [0.2, −0.4] → β·Σw·kl = 0.5·0.5·(0.2 − 0.4) = −0.05;

@@ -28,7 +28,7 @@ def build_optimizer(cfg, policy: torch.nn.Module):
                 for p in params)
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
                                   fused=fused)
-    total = max(1, cfg.trainer.steps * cfg.trainer.minibatches)
+    total = max(1, cfg.trainer.steps * cfg.trainer.minibatches * cfg.trainer.epochs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_multiplier(step, warmup_steps=o.warmup_steps, total_steps=total,
                                               schedule=o.schedule))

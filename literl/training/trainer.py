@@ -5,7 +5,7 @@
         old     ← log π_old(batch)           (skipped when it can be read off the update, or in bypass mode)
         ref     ← log π_ref(batch)           (only when the objective has a KL term)
         train   ← objective.prepare(batch, old, ref)      advantages, masks, IS weights, agg. weights
-        for each of N mini-batches:  Σ_micro objective.loss(micro).backward();  optimizer.step()
+        for each of E epochs, each of N mini-batches:  Σ_micro objective.loss(micro).backward();  optimizer.step()
                                               (the learner: in this process, or trainer ranks on a cluster)
         engine  ← θ                           (weight sync)
         log metrics; evaluate and checkpoint on schedule
@@ -174,14 +174,15 @@ class Trainer:
             return {**metrics, **self._timing(timer, batch, metrics)}
         n_minibatches = min(cfg.trainer.minibatches, max(len(torch.unique(batch.group_B)), 1))
         old_logp_BT = ref_logp_BT = None
-        if p.objective.needs_old_logp_pass(n_minibatches):
+        if p.objective.needs_old_logp_pass(n_minibatches * cfg.trainer.epochs):
             with timer("old_logp"):
                 old_logp_BT = p.learner.logprobs(batch)
         if p.objective.needs_reference:
             with timer("ref_logp"):
                 ref_logp_BT = p.learner.reference_logprobs(batch)
         train, prep_metrics = p.objective.prepare(batch, old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT,
-                                                  minibatches=n_minibatches, rng=self.rng)
+                                                  minibatches=n_minibatches, epochs=cfg.trainer.epochs,
+                                                  rng=self.rng)
         metrics.update(prep_metrics)
         metrics["advantage/all_zero"] = float(not bool(train.adv_BT.any()))
         if metrics["advantage/all_zero"]:

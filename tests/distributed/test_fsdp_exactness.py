@@ -50,14 +50,15 @@ def _batch(seed: int = 0, B: int = 8, G: int = 2) -> RolloutBatch:
                         problem_B=torch.arange(B) // G, responses=[""] * B, problems=[{}] * B)
 
 
-@pytest.mark.parametrize("aggregation, minibatches", [("token_mean", 1), ("seq_mean_token_mean", 2)])
+@pytest.mark.parametrize("aggregation, minibatches, epochs", [("token_mean", 1, 1), ("seq_mean_token_mean", 2, 1),
+                                                              ("token_mean", 1, 2)])
 def test_two_fsdp2_ranks_give_the_single_process_loss_gradients_and_weights(ray_cluster, tmp_path, aggregation,
-                                                                             minibatches):
+                                                                             minibatches, epochs):
     from literl.distributed.learner import RayLearner
 
     cfg = resolve(load_config(overrides=[
         f"algorithm.aggregation.name={aggregation}", "algorithm.entropy_coef=0.01", "trainer.micro_batch_tokens=40",
-        f"trainer.minibatches={minibatches}", "optim.lr=1e-3", "optim.max_grad_norm=0", "cluster.address=local",
+        f"trainer.minibatches={minibatches}", f"trainer.epochs={epochs}", "optim.lr=1e-3", "optim.max_grad_norm=0", "cluster.address=local",
         "cluster.trainer_ranks=2", "trainer.replay_max_gib=0"]), external_model=True)
     model = build_tiny_qwen3(vocab_size=VOCAB)
     objective = Objective.from_config(cfg)
@@ -75,9 +76,9 @@ def test_two_fsdp2_ranks_give_the_single_process_loss_gradients_and_weights(ray_
         old_single, old_ranks = learner.logprobs(batch), ranks.logprobs(batch)
         torch.testing.assert_close(old_ranks, old_single, rtol=0, atol=1e-6)
 
-        train, _ = objective.prepare(batch, old_logp_BT=old_single, minibatches=minibatches,
+        train, _ = objective.prepare(batch, old_logp_BT=old_single, minibatches=minibatches, epochs=epochs,
                                      rng=torch.Generator().manual_seed(0))
-        micros = [m for mb in train.minibatches() for m in objective.micro_batches(mb, 40)]
+        micros = [m for mb in train.minibatches()[:minibatches] for m in objective.micro_batches(mb, 40)]
         assert len(micros) % 2 == 1, "an odd number of micro-batches: one rank runs an idle round"
 
         got, expected = ranks.update(train), learner.update(train)

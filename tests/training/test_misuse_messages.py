@@ -20,6 +20,7 @@ def _argv(model_dir, out, *extra):
     ("dapo", "rollout.max_new_tokens=1", "taken from rollout.max_new_tokens) must be >= 2"),
     ("lite_ppo", "algorithm.reward_shaping.rescale.low=nan", "rescale: low must be a number"),
     ("lite_ppo", "optim.lr=inf", "optim.lr=inf is not a finite number"),
+    ("grpo", "trainer.epochs=0", "trainer.epochs=0 must be >= 1"),
 ])
 def test_settings_that_cannot_work_are_refused_with_the_key(tmp_path, capsys, preset, setting, message):
     """dapo with max_new_tokens=1 was a ValueError traceback advising to 'leave cache_length unset' (it was

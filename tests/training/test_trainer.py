@@ -216,6 +216,24 @@ def test_the_last_checkpoint_is_not_written_twice(tiny_qwen3_dir, tmp_path, monk
     assert saved == []                  # resumed at its end: the loaded checkpoint is the current state
 
 
+def test_a_second_epoch_trains_off_policy_against_the_old_log_probs(tiny_qwen3_dir, tmp_path):
+    """trainer.minibatches=1, trainer.epochs=2: each rollout batch gives two optimizer steps. The first is on-policy
+    (θ = θ_old: PPO-KL 0 up to rounding); the second runs after an optimizer step, so its ratio π_θ/π_old moves —
+    which needs the old-log-prob pass (without it old_logp would be sg(logp) and the ratio 1 in every epoch). The
+    learning-rate schedule counts both: a linear decay over 2 rollout batches × 2 steps multiplies lr by 1, 3/4,
+    1/2, 1/4, and each rollout batch logs the mean of its two steps' (7/8, then 3/8; 3/4 and 0 if it counted one)."""
+    cfg = load_config(preset="grpo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "r", "trainer.epochs=2",
+                                                          "eval.every=0", "eval.before=false", "optim.schedule=linear"))
+    run = train(cfg, reward_fns=[length_reward])
+    records = read_metrics(run)
+    assert len(records) == 2
+    for r in records:
+        assert abs(r["st/ppo_kl_mb0"]) < 1e-6
+        assert abs(r["st/ppo_kl_mb1"]) > 1e-6
+        assert "st/ppo_kl_mb2" not in r
+    assert [r["optim/lr"] for r in records] == pytest.approx([1e-3 * 7 / 8, 1e-3 * 3 / 8])
+
+
 @pytest.mark.parametrize("minibatches", [1, 2])
 def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir, tmp_path, monkeypatch, minibatches):
     """By default each on-policy update replays the rollout's forward (literl/model/record.py); with
