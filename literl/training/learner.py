@@ -99,6 +99,31 @@ def clip_gradients(params: list[torch.nn.Parameter], max_grad_norm: float) -> to
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` can be told to skip a step by a device flag instead of a host decision: torch's fused
+    Adam and AdamW take `found_inf` (the flag `torch.amp.GradScaler` uses), skip the whole update where it is 1 and
+    leave the step count as it was, so a skipped step leaves the weights and both moments exactly as before."""
+    return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and all(
+        group.get("fused") for group in optimizer.param_groups)
+
+
+def step_on_device(optimizer: torch.optim.Optimizer, step_loss, grad_norm) -> None:
+    """Queue an optimizer step that the device itself skips when the step's loss or gradient norm is not finite
+    (`close_step`'s rule), with nothing read back; the flag is cleared afterwards, so no later step inherits it."""
+    tensors = [value for value in (step_loss, grad_norm) if torch.is_tensor(value)]
+    flag = torch.zeros((), dtype=torch.float32, device=tensors[0].device if tensors else "cpu")
+    for value in (step_loss, grad_norm):
+        if torch.is_tensor(value):
+            flag = torch.maximum(flag, (~torch.isfinite(value.detach())).float().to(flag.device))
+        elif not math.isfinite(value):
+            flag = torch.ones_like(flag)
+    optimizer.found_inf = flag
+    try:
+        optimizer.step()
+    finally:
+        optimizer.found_inf = None
+
+
 def phase(name: str):
     """A named range of the update in a `torch.profiler` trace (`literl/forward`, `literl/backward`, ...), so a
     profile says which part of the update the host was in while the device waited; ~1 µs when nothing profiles."""
@@ -182,14 +207,22 @@ class InProcessLearner:
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 budget = smaller
-            if observe is not None:
-                with phase("observe"):
-                    for micro, token_maps in observed:
-                        observe(micro, token_maps)
             acc.end_minibatch()     # loss/* of this optimizer step are complete: steps are averaged, not summed
             with phase("clip_and_check"):
                 grad_norm = 0.0 if loss_tokens == 0 else clip_gradients(list(self._policy.parameters()),
                                                                         self.max_grad_norm)
+            # Where the optimizer can skip a step on the device, the step is queued before anything reads a device
+            # value, so the clip, the step and the reads below run back to back instead of the device waiting for
+            # the host between them; the decision is read afterwards and is the same.
+            queued = loss_tokens > 0 and skips_on_device(self.optimizer)
+            if queued:
+                with phase("optimizer"):
+                    step_on_device(self.optimizer, step_loss, grad_norm)
+            if observe is not None:
+                with phase("observe"):
+                    for micro, token_maps in observed:
+                        observe(micro, token_maps)
+            with phase("clip_and_check"):
                 report = close_step(acc, loss_tokens=loss_tokens, step_loss=step_loss, grad_norm=grad_norm,
                                     lr=self.scheduler.get_last_lr()[0])
             if report.non_finite:
@@ -198,7 +231,8 @@ class InProcessLearner:
                 on_step(report)
             if report.stepped:
                 with phase("optimizer"):
-                    self.optimizer.step()
+                    if not queued:
+                        self.optimizer.step()
                     self.scheduler.step()
         self._policy.eval()     # sampling and log-prob passes run without dropout
         with phase("metrics"):

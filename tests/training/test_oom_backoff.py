@@ -131,3 +131,19 @@ def test_auto_at_its_smallest_size_raises_instead_of_retrying_forever():
     with pytest.raises(torch.OutOfMemoryError, match=r"at most 1024 tokens .*micro_batch_tokens=auto\).*smaller "
                                                      r"model or rollout batch"):
         learner.update(train)
+
+
+def test_the_optimizer_step_is_queued_before_the_diagnostics_read_the_token_maps():
+    """With fused AdamW the learner queues each optimizer step before `observe` reads anything, so on a GPU the clip
+    and the step follow the backward without the device waiting for the host (`learner.step_on_device`); every
+    micro-batch of a step is observed after its own step was queued and before the next step's. Two mini-batches."""
+    model = build_tiny_qwen3(vocab_size=VOCAB)
+    batch = _batch(B=48)
+    learner, objective, _ = _learner(model, 4096, start_tokens=4096, fails=lambda sizes: False)
+    train, _ = objective.prepare(batch, old_logp_BT=learner.logprobs(batch), minibatches=2,
+                                 rng=torch.Generator().manual_seed(0))
+    steps_seen = []
+    param = next(model.parameters())
+    learner.update(train, observe=lambda micro, maps: steps_seen.append(
+        int(learner.optimizer.state[param]["step"]) if param in learner.optimizer.state else 0))
+    assert steps_seen and sorted(set(steps_seen)) == [1, 2]

@@ -103,3 +103,51 @@ def test_the_micro_batch_loop_never_waits_for_the_gpu():
         torch.cuda.set_sync_debug_mode("default")
     acc.end_minibatch()
     assert len(micros) > 1 and all(value == value for value in acc.result().values())
+
+
+@pytest.mark.parametrize("bad", ["loss", "norm", "none"])
+def test_a_step_queued_with_a_device_flag_equals_the_host_decided_step(bad):
+    """The optimizer step is queued before the skip decision is read (`learner.step_on_device`): fused AdamW skips
+    it on the device when the step's loss or gradient norm is not finite. Weights, both moments and the step count
+    equal the host-decided path's (skip, or step) to the bit: three steps of two parameters, the second one bad."""
+    from literl.training.learner import skips_on_device, step_on_device
+
+    torch.manual_seed(0)
+    start = [torch.randn(4, 3), torch.randn(3)]
+    device_side = [torch.nn.Parameter(t.clone()) for t in start]
+    host_side = [torch.nn.Parameter(t.clone()) for t in start]
+    opt_device = torch.optim.AdamW(device_side, lr=0.1, weight_decay=0.01, fused=True)
+    opt_host = torch.optim.AdamW(host_side, lr=0.1, weight_decay=0.01, fused=True)
+    assert skips_on_device(opt_device) and not skips_on_device(torch.optim.AdamW(start, foreach=True))
+    for step in range(3):
+        grads = [torch.randn_like(t) for t in start]
+        loss, norm = torch.tensor(0.5), torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))
+        if step == 1 and bad == "loss":
+            loss = torch.tensor(float("nan"))
+        if step == 1 and bad == "norm":
+            grads[0][0, 0], norm = float("inf"), torch.tensor(float("inf"))
+        for params in (device_side, host_side):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+        step_on_device(opt_device, loss, norm)
+        assert opt_device.found_inf is None
+        if bool(torch.isfinite(loss)) and bool(torch.isfinite(norm)):
+            opt_host.step()
+    for p, q in zip(device_side, host_side):
+        assert torch.equal(p, q)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt_device.state[p][key], opt_host.state[q][key]), key
+    assert float(opt_device.state[device_side[0]]["step"]) == (2 if bad != "none" else 3)
+
+
+def test_a_non_finite_float_skips_the_step_without_a_device_value():
+    """A loss or norm that is a plain number (no tensor on any device) still decides: NaN skips."""
+    from literl.training.learner import step_on_device
+
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.AdamW([p], lr=0.1, fused=True)
+    p.grad = torch.ones(2)
+    step_on_device(opt, float("nan"), 1.0)
+    assert torch.equal(p, torch.ones(2))
+    step_on_device(opt, 0.5, 1.0)
+    assert not torch.equal(p, torch.ones(2))
