@@ -9,6 +9,9 @@ Per benchmark (problems i = 1..N, K samples each, c_i correct):
     pass@k = (1/N) Σ_i pass_at_k(K, c_i, k)                     k = 1, 2, 4, ... ≤ K, and K
     maj@k  = (1/N) Σ_i maj_at_k(answers_i, correct_i, k)        same k
     mean_response_tokens, truncation_rate (responses stopped by max_new_tokens), no_answer_rate
+    sampled_nll    = Σ −log μ(y_t) / Σ tokens over every sampled response token, μ the distribution sampled from
+                     (temperature, top-p and top-k applied): nats per token, whose expectation is the token-weighted
+                     mean entropy of that distribution — the policy's entropy, measured on fixed problems
 plus one record per problem. pass@1 equals avg@K (the unbiased estimator with k = 1).
 
 Standard errors (`standard_error`, per benchmark): of avg@K, the standard error of the mean of the per-problem
@@ -97,35 +100,37 @@ def _evaluate_benchmark(generator, tokenizer, problems: list[dict], *, sampling,
                         rng, score_fn, keep_responses, report, prompt_options) -> dict[str, Any]:
     prompts = [render_prompt(p["problem"], tokenizer, template, **prompt_options) for p in problems]
     jobs = [(i, j) for i in range(len(problems)) for j in range(samples)]   # a problem's samples side by side
-    outcome: dict[tuple[int, int], tuple[str, int, bool]] = {}
+    outcome: dict[tuple[int, int], tuple[str, int, bool, float]] = {}
     report(0, len(jobs))
     for start in range(0, len(jobs), batch_size):
         batch = jobs[start:start + batch_size]
         generation = generator.generate([prompts[i] for i, _ in batch], sampling, rng=rng)
         lengths = generation.mask_BT.sum(-1).tolist()
+        nll = (-generation.rollout_logp_BT.float() * generation.mask_BT).sum(-1).tolist()
         for row, job in enumerate(batch):
             ids = generation.response_ids_BT[row][generation.mask_BT[row]].tolist()
             text = tokenizer.decode(ids, skip_special_tokens=True)
-            outcome[job] = (text, int(lengths[row]), bool(generation.truncated_B[row]))
+            outcome[job] = (text, int(lengths[row]), bool(generation.truncated_B[row]), float(nll[row]))
         report(min(start + batch_size, len(jobs)), len(jobs))
     records = [_problem_record(problem, [outcome[(i, j)] for j in range(samples)], score_fn, keep_responses)
                for i, problem in enumerate(problems)]
     return _summarise(records, samples)
 
 
-def _problem_record(problem: dict, responses: list[tuple[str, int, bool]], score_fn, keep_responses) -> dict:
-    correct = [score_fn(text, problem) >= 0.5 for text, _, _ in responses]
+def _problem_record(problem: dict, responses: list[tuple[str, int, bool, float]], score_fn, keep_responses) -> dict:
+    correct = [score_fn(text, problem) >= 0.5 for text, _, _, _ in responses]
     record = {
         "id": problem.get("id"),
         "answer": problem.get("answer"),
         "num_correct": sum(correct),
         "correct": correct,
-        "extracted": [extract_final_answer(text) for text, _, _ in responses],
-        "response_tokens": [length for _, length, _ in responses],
-        "truncated": [truncated for _, _, truncated in responses],
+        "extracted": [extract_final_answer(text) for text, _, _, _ in responses],
+        "response_tokens": [length for _, length, _, _ in responses],
+        "truncated": [truncated for _, _, truncated, _ in responses],
+        "response_nll": [nll for _, _, _, nll in responses],      # Σ_t −log μ(y_t) of each response
     }
     if keep_responses:
-        record["responses"] = [text for text, _, _ in responses]
+        record["responses"] = [text for text, _, _, _ in responses]
     return record
 
 
@@ -139,6 +144,7 @@ def _summarise(records: list[dict], samples: int) -> dict[str, Any]:
         for k in k_values(samples):
             metrics[f"maj@{k}"] = sum(maj_at_k(r["extracted"], r["correct"], k) for r in records) / n
     total = max(1, n * samples)
+    tokens = sum(sum(r["response_tokens"]) for r in records)
     per_problem = [r["num_correct"] / samples for r in records]
     return {
         "num_problems": n,
@@ -147,7 +153,8 @@ def _summarise(records: list[dict], samples: int) -> dict[str, Any]:
         "standard_error": {f"avg@{samples}": standard_error_of_mean(per_problem)},
         "sampling_standard_error": {f"avg@{samples}": sampling_standard_error([r["num_correct"] for r in records],
                                                                           samples)},
-        "mean_response_tokens": sum(sum(r["response_tokens"]) for r in records) / total,
+        "mean_response_tokens": tokens / total,
+        "sampled_nll": sum(sum(r["response_nll"]) for r in records) / max(tokens, 1),
         "truncation_rate": sum(sum(r["truncated"]) for r in records) / total,
         "no_answer_rate": sum(sum(a is None for a in r["extracted"]) for r in records) / total,
         "problems": records,
@@ -160,7 +167,7 @@ def flat_metrics(result: Mapping[str, Any], prefix: str = "eval") -> dict[str, f
     for name, bench in result["benchmarks"].items():
         for key, value in bench["metrics"].items():
             flat[f"{prefix}/{name}/{key}"] = float(value)
-        for key in ("mean_response_tokens", "truncation_rate", "no_answer_rate"):
+        for key in ("mean_response_tokens", "truncation_rate", "no_answer_rate", "sampled_nll"):
             flat[f"{prefix}/{name}/{key}"] = float(bench[key])
         for key, value in bench.get("standard_error", {}).items():
             if value is not None:

@@ -24,8 +24,9 @@ OTHER = [{"id": "c", "problem": "2+2", "answer": "4"}, {"id": "d", "problem": "3
 class ScriptedGenerator:
     """Answers each prompt with the next scripted response for its problem."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, logp_of=lambda text: 0.0):
         self.tokenizer = tokenizer
+        self.logp_of = logp_of          # text → log μ of each of its tokens
         self.served = {problem: 0 for problem in SCRIPT}
         self.batch_sizes = []
 
@@ -44,7 +45,8 @@ class ScriptedGenerator:
             ids_BT[b, :len(e)] = torch.tensor(e)
             mask_BT[b, :len(e)] = True
         truncated_B = torch.tensor([t == "..." for t in texts])
-        return Generation(ids_BT, mask_BT, torch.zeros(len(texts), T), truncated_B)
+        logp_BT = torch.tensor([[self.logp_of(t)] for t in texts]) * mask_BT
+        return Generation(ids_BT, mask_BT, logp_BT, truncated_B)
 
     def sync_weights(self, policy):
         pass
@@ -78,6 +80,20 @@ def test_metrics_of_a_scripted_run(char_tokenizer, tmp_path):
     assert result["settings"]["template"] == "raw" and result["metadata"] == {"model": "scripted"}
     assert flat_metrics(result)["eval/toy/avg@4"] == 0.25
     assert results_table(result).row_count == 1
+
+
+def test_sampled_nll_is_the_token_weighted_mean_negative_log_probability(char_tokenizer):
+    """The engine reports log μ = −1 on every token of a response with a 7 in it and −0.5 elsewhere. Toy's 8 responses
+    have 9, 12, 9, 3 (problem a) and 9, 9, 9, 9 (b, the last "\\boxed{7}") tokens: 69 tokens, Σ −log μ =
+    0.5 · 60 + 1 · 9 = 39, so sampled_nll = 39/69 — the per-token entropy's Monte-Carlo estimate, every token
+    counted once (not a mean of per-response means, which would give (7 · 0.5 + 1)/8 = 0.5625)."""
+    generator = ScriptedGenerator(char_tokenizer, logp_of=lambda text: -1.0 if "7" in text else -0.5)
+    result = evaluate(generator, char_tokenizer, {"toy": PROBLEMS}, sampling=SamplingParams(max_new_tokens=16),
+                      samples=4, template="raw", batch_size=3)
+    bench = result["benchmarks"]["toy"]
+    assert bench["sampled_nll"] == pytest.approx(39 / 69)
+    assert bench["problems"][1]["response_nll"] == pytest.approx([4.5, 4.5, 4.5, 9.0])
+    assert flat_metrics(result)["eval/toy/sampled_nll"] == pytest.approx(39 / 69)
 
 
 def test_standard_errors_per_benchmark_and_the_mean_over_benchmarks(char_tokenizer, tmp_path):
