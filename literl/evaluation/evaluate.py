@@ -11,7 +11,8 @@ Per benchmark (problems i = 1..N, K samples each, c_i correct):
     mean_response_tokens, truncation_rate (responses stopped by max_new_tokens), no_answer_rate
     sampled_nll    = Σ −log μ(y_t) / Σ tokens over every sampled response token, μ the distribution sampled from
                      (temperature, top-p and top-k applied): nats per token, whose expectation is the token-weighted
-                     mean entropy of that distribution — the policy's entropy, measured on fixed problems
+                     mean entropy of that distribution — the policy's entropy, measured on fixed problems (with
+                     greedy decoding it is the argmax tokens' NLL, not an entropy)
 plus one record per problem. pass@1 equals avg@K (the unbiased estimator with k = 1).
 
 Standard errors (`standard_error`, per benchmark): of avg@K, the standard error of the mean of the per-problem
