@@ -58,7 +58,8 @@ def test_two_fsdp2_ranks_give_the_single_process_loss_gradients_and_weights(ray_
 
     cfg = resolve(load_config(overrides=[
         f"algorithm.aggregation.name={aggregation}", "algorithm.entropy_coef=0.01", "trainer.micro_batch_tokens=40",
-        f"trainer.minibatches={minibatches}", f"trainer.epochs={epochs}", "optim.lr=1e-3", "optim.max_grad_norm=0", "cluster.address=local",
+        f"trainer.minibatches={minibatches}", f"trainer.epochs={epochs}", "optim.lr=1e-3", "optim.max_grad_norm=0",
+        "cluster.address=local",
         "cluster.trainer_ranks=2", "trainer.replay_max_gib=0"]), external_model=True)
     model = build_tiny_qwen3(vocab_size=VOCAB)
     objective = Objective.from_config(cfg)

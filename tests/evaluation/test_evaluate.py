@@ -83,8 +83,8 @@ def test_metrics_of_a_scripted_run(char_tokenizer, tmp_path):
 
 
 def test_sampled_nll_is_the_token_weighted_mean_negative_log_probability(char_tokenizer):
-    """The engine reports log μ = −1 on every token of a response with a 7 in it and −0.5 elsewhere. Toy's 8 responses
-    have 9, 12, 9, 3 (problem a) and 9, 9, 9, 9 (b, the last "\\boxed{7}") tokens: 69 tokens, Σ −log μ =
+    """The engine reports log μ = −1 on every token of a response with a 7 in it and −0.5 elsewhere. Toy's 8
+    responses have 9, 12, 9, 3 (problem a) and 9, 9, 9, 9 (b, the last "\\boxed{7}") tokens: 69 tokens, Σ −log μ =
     0.5 · 60 + 1 · 9 = 39, so sampled_nll = 39/69 — the per-token entropy's Monte-Carlo estimate, every token
     counted once (not a mean of per-response means, which would give (7 · 0.5 + 1)/8 = 0.5625)."""
     generator = ScriptedGenerator(char_tokenizer, logp_of=lambda text: -1.0 if "7" in text else -0.5)
