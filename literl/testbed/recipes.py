@@ -34,6 +34,9 @@ variant with one more SFT phase, so each costs a short phase on top of a cached 
     checked       base + SFT on solutions of which half check every step (the step, then "check " and the step worked
                   again, right): a policy that chooses per response between a short answer and a ~2.5x longer,
                   more accurate one, which a 64-token budget cuts at 3-4 operations (overlong filtering, finding_d)
+    direct        base + SFT on solutions of which half are the right answer alone, boxed, with no step: a policy that
+                  chooses per response between answering at once (right mostly at 1-2 operations) and working the
+                  steps (right far more often at 3-4), where a short budget cuts only the worked way (finding_d)
     moe_flat      moe with its router weights scaled by 1/64 and then held fixed through a short SFT that lets the
                   experts adapt: the same routes with 64x smaller margins between the 2nd and 3rd expert, so that
                   the router's own updates move routes between θ_old and θ (the MiniRL study's off-policy setting)
@@ -240,6 +243,13 @@ CHECKED = dataclasses.replace(
     BASE, variant="checked", parent=BASE, num_threads=1, measure=MeasureSettings(max_new_tokens=128),
     alignment=SFTPhase(steps=1000, lr=1e-3, slip_rate=0.2, warmup_steps=50, style="checked"),
 )
+# Overlong filtering's regime, second design (finding_d, fourth version): the short way computes nothing, so the worked
+# way's edge at 3-4 operations is computation, not slip-free lines that RL hands every form (`checked`, above). The
+# same phase as `checked` (1000 steps at 1e-3 over `base`, slips at 0.2 in the worked half), measured at 128 tokens.
+DIRECT = dataclasses.replace(
+    BASE, variant="direct", parent=BASE, num_threads=1, measure=MeasureSettings(max_new_tokens=128),
+    alignment=SFTPhase(steps=1000, lr=1e-3, slip_rate=0.2, warmup_steps=50, style="direct"),
+)
 MOE_FLAT = dataclasses.replace(
     # 1/64: scaling the router shrinks the margins and the logit changes that hidden-state updates cause alike, so
     # only the router's own updates (Adam: ~lr per weight, whatever the scale) flip more routes; at 1/8 the last
@@ -250,7 +260,7 @@ MOE_FLAT = dataclasses.replace(
 
 VARIANTS: dict[str, TestbedRecipe] = {r.variant: r for r in (BASE, ALIGNED, MICRO, MOE, LONG, LONG_ALIGNED,
                                                               LONG_LOOPY, ALIGNED_VARIED, VARIED, VARIED_ALIGNED,
-                                                              SKEWED_ALIGNED, CHECKED, MOE_FLAT)}
+                                                              SKEWED_ALIGNED, CHECKED, DIRECT, MOE_FLAT)}
 
 
 def recipe_for(variant: str) -> TestbedRecipe:

@@ -37,6 +37,9 @@ slips, but for the checked style's checked solutions, which have none):
     checked    half of the solutions check each step: the step line, then "check " and the same step again, with no
                slip (`checked_solution_text`): a solution ~2.5x longer and more often right, which a short length
                budget cuts
+    direct     half of the solutions are the boxed answer alone, right, with no step written (`direct_solution_text`):
+               a short way that computes in one token what the worked way computes over its lines, so that at 3-4
+               operations it is right far less often whatever RL does, and a short budget cuts only the worked way
 
 Records are dicts `{"id", "problem", "answer" (str), "solution", "tier", "num_ops", "difficulty"}`, where
 `difficulty` is "<num_ops>_ops" ("<low>-<high>_ops" in a tier that buckets op counts, e.g. long's "4-6_ops").
@@ -209,6 +212,22 @@ def checked_solution_text(numbers: list[int], ops: list[str]) -> str:
     return "\n".join(lines + [f"\\boxed{{{answer}}}"])
 
 
+DIRECT_SOLUTION_RATE = 0.5
+"""Share of "direct" solutions that write the answer alone (the rest are the canonical text)."""
+
+
+def direct_solution_text(answer: int) -> str:
+    """An answer without its working: "\\boxed{23}". In the SFT data it is always right, so a policy taught it learns
+    to answer at once what it cannot compute at once: a 1-operation answer is one fact, as a step line's result is,
+    but a 3-4-operation one chains facts no line writes down, so the tiny model mostly guesses (docs/testbed.md,
+    `direct`). The worked way's edge there is computation that needs its tokens, which RL cannot hand to the short
+    way within a run — the edge the `checked` regime lacked (its careful form's only edge was slip-free lines, which
+    RL gave every form: docs/arena.md, finding_d)."""
+    if not 0 <= answer <= MAX_VALUE:
+        raise ValueError(f"answer {answer} leaves 0-{MAX_VALUE}; no direct solution")
+    return f"\\boxed{{{answer}}}"
+
+
 def split_of(expression: str) -> str:
     """The split an expression belongs to, fixed by a hash of its text (independent of any seed)."""
     digest = hashlib.sha256(expression.encode()).digest()
@@ -226,7 +245,7 @@ def _draw_expression(rng: random.Random, spec: TierSpec) -> tuple[list[int], lis
             return numbers, ops
 
 
-SOLUTION_STYLES = ("canonical", "varied", "end_loop", "skewed", "checked")
+SOLUTION_STYLES = ("canonical", "varied", "end_loop", "skewed", "checked", "direct")
 
 LOOP_SOLUTION_RATE = 0.5
 """Share of "end_loop" solutions that repeat their last step line."""
@@ -265,8 +284,9 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     """An endless, seed-determined stream of records from one split and tier (repeats are possible). `style`
     "varied" writes the solutions in randomly chosen equivalent forms (`solution_text`), "skewed" mostly in the
     canonical one (`skewed_solution_text`), "end_loop" repeats the last step line in half of them
-    (`repeat_last_step`), "checked" checks every step, slip-free, in half of them (`checked_solution_text`); the
-    problems, answers and the other solutions' slips are those of the canonical stream."""
+    (`repeat_last_step`), "checked" checks every step, slip-free, in half of them (`checked_solution_text`),
+    "direct" writes the right answer alone in half of them (`direct_solution_text`); the problems, answers and the
+    other solutions' slips are those of the canonical stream."""
     if style not in SOLUTION_STYLES:
         raise ValueError(f"unknown solution style {style!r}; expected one of {SOLUTION_STYLES}")
     if split not in SPLITS:
@@ -282,6 +302,7 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
     loop_rng = random.Random(f"literl-testbed-loops:{split}:{tier}:{seed}") if style == "end_loop" else None
     skew_rng = random.Random(f"literl-testbed-skew:{split}:{tier}:{seed}") if style == "skewed" else None
     check_rng = random.Random(f"literl-testbed-check:{split}:{tier}:{seed}") if style == "checked" else None
+    direct_rng = random.Random(f"literl-testbed-direct:{split}:{tier}:{seed}") if style == "direct" else None
     index = 0
     while True:
         numbers, ops = _draw_expression(rng, spec)
@@ -299,6 +320,8 @@ def problem_stream(*, split: str, tier: str = "mixed", seed: int,
             solution = repeat_last_step(solution, loop_rng)
         if check_rng is not None and check_rng.random() < CHECKED_SOLUTION_RATE:
             solution = checked_solution_text(numbers, ops)
+        if direct_rng is not None and direct_rng.random() < DIRECT_SOLUTION_RATE:
+            solution = direct_solution_text(answer)
         yield {
             "id": f"{split}-{tier}-{seed}-{index}",
             "problem": f"{PROMPT_PREFIX}{expression}{PROMPT_SUFFIX}",

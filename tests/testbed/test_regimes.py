@@ -301,6 +301,50 @@ def test_half_the_checked_stream_checks_every_step_and_is_always_right_the_rest_
     assert CHECKED.measure.max_new_tokens == 128 and CHECKED.to_dict()["alignment"]["style"] == "checked"
 
 
+def test_a_direct_solution_is_the_boxed_answer_alone():
+    """Hand case: the answer 23 is written "\\boxed{23}", nothing before it; it is graded right for 23 only."""
+    from literl.testbed.tasks import direct_solution_text, is_correct
+
+    assert direct_solution_text(23) == "\\boxed{23}"
+    assert is_correct(direct_solution_text(23), 23) and not is_correct(direct_solution_text(23), 24)
+    with pytest.raises(ValueError, match="leaves 0-99"):
+        direct_solution_text(100)
+
+
+def test_half_the_direct_stream_answers_at_once_and_right_the_rest_is_canonical():
+    """Same problems and answers as the canonical stream; a direct solution is the true answer boxed (slips never
+    reach it), the others are the canonical text with the canonical slips, character for character. DIRECT_SOLUTION_RATE
+    0.5 over 2000 solutions: sd 0.011. Lengths (tokens with EOS, counted here over the stream): a direct solution is
+    9-11 tokens; a worked one of 1-2 operations at most 30, of 4 operations at least 34, so finding_d's training budget
+    of 32 cuts every worked 4-operation solution, most 3-operation ones and no direct or 1-2-operation one."""
+    from literl.testbed.recipes import BASE, DIRECT
+    from literl.testbed.tasks import problem_stream
+
+    direct = problem_stream(split="train", seed=3, slip_rate=0.2, style="direct")
+    canonical = problem_stream(split="train", seed=3, slip_rate=0.2)
+    n_direct, cut_3_ops, n_3_ops = 0, 0, 0
+    for _ in range(2000):
+        di, ca = next(direct), next(canonical)
+        assert (di["problem"], di["answer"], di["num_ops"]) == (ca["problem"], ca["answer"], ca["num_ops"])
+        tokens = len(di["solution"]) + 1
+        if di["solution"] != ca["solution"]:
+            n_direct += 1
+            assert di["solution"] == f"\\boxed{{{di['answer']}}}" and 9 <= tokens <= 11
+            continue
+        assert "\n" in di["solution"]     # a worked solution writes at least one step line
+        if di["num_ops"] <= 2:
+            assert tokens <= 30
+        elif di["num_ops"] == 4:
+            assert tokens >= 34
+        else:
+            n_3_ops += 1
+            cut_3_ops += tokens > 32
+    assert 0.46 <= n_direct / 2000 <= 0.54
+    assert 0.5 < cut_3_ops / n_3_ops < 0.95
+    assert DIRECT.parent == BASE and DIRECT.alignment.style == "direct" and DIRECT.alignment.slip_rate == 0.2
+    assert DIRECT.measure.max_new_tokens == 128 and DIRECT.to_dict()["alignment"]["style"] == "direct"
+
+
 def test_the_canonical_stream_is_unchanged_by_the_checked_style():
     """`base` is shipped and cached by recipe hash, not by its data: the canonical stream must stay as it was built
     (the first solutions of seed 0 with slips, written down when the checked style was added)."""
