@@ -63,7 +63,8 @@ class ModelConfig:
                                 "those forms from the start) | skewed_aligned (varied taught them mostly in one "
                                 "form: valid alternatives at a few percent, for clip-higher) | checked (base that "
                                 "checks every step in half its solutions: longer, more often right, cut by a short "
-                                "budget) | moe_flat (moe with "
+                                "budget) | direct (base that answers at once, without steps, in half its solutions: "
+                                "short, and right far less often at 3-4 operations) | moe_flat (moe with "
                                 "router margins shrunk, so routes drift under updates): docs/testbed.md")
     testbed_prebuilt: bool = knob(True, "on the testbed's first use, install the weights shipped with literl for "
                                         "its recipe (base) instead of building them (~5 min on 2 cores); false "

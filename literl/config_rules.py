@@ -33,7 +33,7 @@ CHOICES = {
     "data.template": ("auto", "plain", "chat", "raw"),
     "data.difficulty": ("easy", "medium", "hard", "mixed", "long"),
     "model.testbed": ("base", "aligned", "micro", "moe", "long", "long_aligned", "long_loopy", "aligned_varied",
-                      "varied", "varied_aligned", "skewed_aligned", "checked", "moe_flat"),
+                      "varied", "varied_aligned", "skewed_aligned", "checked", "direct", "moe_flat"),
     "model.profile": ("auto", "testbed", "real"),
     "algorithm.aggregation_normaliser": ("global", "local"),
     "data.overlong_prompts": ("skip", "error"),

@@ -100,3 +100,23 @@ def test_group_metrics_count_zero_and_small_reward_std_apart():
     metrics = collector._metrics([rnd], collector._assemble([rnd]))
     assert metrics["groups/zero_std_frac"] == 0.25
     assert metrics["groups/small_std_frac"] == 0.5
+
+
+def test_cut_responses_are_counted_beside_a_correct_one_only_when_their_group_has_one():
+    """Groups of two, width 3 (a response of 3 tokens is cut). Rows (correct, cut): group 0 (yes, no) (no, yes): the
+    cut one sits beside a correct one; group 1 (no, yes) (no, yes): both cut, none correct; group 2 (yes, yes)
+    (no, no): the cut one is itself correct; group 3 (no, no) (no, no): nothing cut. 4 cut responses, 2 beside (or
+    being) a correct one: truncation/beside_correct_frac = 2/4; with nothing cut the metric is not logged."""
+    collector = Collector(engine=None, problems=[{}] * 8, prompt_ids=None, decode=None, rewards=None,
+                          objective=None, sampling=SamplingParams(), prompts_per_step=4, group_size=2,
+                          max_rounds=1, stream=None, pad_id=PAD)
+    rnd = _round([[5]] * 8, [2, 3, 3, 3, 3, 2, 2, 2], width=3, keep=[True] * 8, first_group=0, seed=0)
+    correct = torch.tensor([True, False, False, False, True, False, False, False])
+    rnd = dataclasses.replace(rnd, correct_B=correct, rewards_B=correct.float(),
+                              seconds={"generate": 0.0, "reward": 0.0})
+    metrics = collector._metrics([rnd], collector._assemble([rnd]))
+    assert metrics["truncation_rate"] == 0.5
+    assert metrics["truncation/beside_correct_frac"] == 0.5
+    uncut = _round([[5]] * 8, [2] * 8, width=3, keep=[True] * 8, first_group=0, seed=0)
+    uncut = dataclasses.replace(uncut, seconds={"generate": 0.0, "reward": 0.0})
+    assert "truncation/beside_correct_frac" not in collector._metrics([uncut], collector._assemble([uncut]))
