@@ -113,12 +113,9 @@ LENGTH_PANELS = [
     Panel("response_length/cv", "length spread (std / mean)", "coefficient of variation"),
     Panel("response_length/correct_mean", "length of correct responses", TOKENS),
     Panel("response_length/wrong_mean", "length of wrong responses", TOKENS),
-]
-# A length budget's cuts (Takeaway 8): overlong filtering changes the update only for a cut response that shares its
-# group with a correct one (elsewhere its advantage is 0 with or without the filter).
-TRUNCATION_PANELS = [
+    # a budget's cuts: overlong filtering changes the update only for a cut response beside a correct one
     Panel("truncation_rate", "truncation rate", "fraction of responses"),
-    Panel("truncation/beside_correct_frac", "cut beside a correct response", "fraction of truncated"),
+    Panel("truncation/beside_correct_frac", "cut beside a correct one", "fraction of truncated"),
 ]
 # The tail of the training–inference IS weights (MiniRL §5.1): what an uncorrected gradient takes at full weight
 # and the truncated weight min(π/μ, C) cuts.
@@ -395,13 +392,11 @@ def _diagnostics_section(records, variants, scenarios, styles, figures: Figures,
             "90th percentiles, std / mean) and how long correct and wrong responses are. Sequence-level "
             "aggregation weighs each token of response i by 1/L_i, token-level by 1/Σ L: they differ only when "
             "lengths differ (LitePPO Takeaway 7, algorithms.md §3); a length budget below the long correct "
-            "solutions truncates them (Takeaway 8). The table averages each run's steps, then the seeds.</p>",
+            "solutions truncates them (Takeaway 8); overlong filtering changes the update only for a cut response "
+            "whose group holds a correct one (elsewhere its advantage is 0 either way; logged at steps that cut "
+            "something). The table averages each run's steps, then the seeds.</p>",
             _mean_table(records, variants, scenarios, LENGTH_PANELS),
-            figure("lengths", LENGTH_PANELS, "response_length/*"),
-            "<p class='note'>What a budget cuts: the truncation rate, and the share of cut responses whose group "
-            "holds a correct one — the only cut responses overlong filtering changes the update for (in an "
-            "all-wrong group a cut response's advantage is 0 either way; logged at steps that cut something).</p>",
-            figure("truncation", TRUNCATION_PANELS, "truncation metrics")]),
+            figure("lengths", LENGTH_PANELS, "response_length/*, truncation")]),
         "repetition": lambda: "".join([
             "<h3>Repetition of truncated responses</h3><p class='note'>Fraction of truncated responses whose tail "
             "is a repetition loop (a periodic suffix covering ≥ 20% of the response), per step; the table weights "
