@@ -110,8 +110,8 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
 def step_on_device(optimizer: torch.optim.Optimizer, step_loss, grad_norm) -> None:
     """Queue an optimizer step that the device itself skips when the step's loss or gradient norm is not finite
     (`close_step`'s rule), with nothing read back; the flag is cleared afterwards, so no later step inherits it."""
-    tensors = [value for value in (step_loss, grad_norm) if torch.is_tensor(value)]
-    flag = torch.zeros((), dtype=torch.float32, device=tensors[0].device if tensors else "cpu")
+    device = next((value.device for value in (step_loss, grad_norm) if torch.is_tensor(value)), "cpu")
+    flag = torch.zeros((), dtype=torch.float32, device=device)
     for value in (step_loss, grad_norm):
         if torch.is_tensor(value):
             flag = torch.maximum(flag, (~torch.isfinite(value.detach())).float().to(flag.device))

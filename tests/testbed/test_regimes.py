@@ -263,6 +263,19 @@ def test_a_checked_solution_writes_every_step_and_its_check_without_slips():
         checked_solution_text([9, 99], ["*"])
 
 
+def _beside_canonical(style: str, n: int = 2000):
+    """The first `n` records of `style`'s stream (train split, seed 3, slips at 0.2), each with the canonical stream's
+    record at the same place, after checking that both pose the same problem with the same answer."""
+    from literl.testbed.tasks import problem_stream
+
+    styled = problem_stream(split="train", seed=3, slip_rate=0.2, style=style)
+    canonical = problem_stream(split="train", seed=3, slip_rate=0.2)
+    for _ in range(n):
+        record, ca = next(styled), next(canonical)
+        assert (record["problem"], record["answer"], record["num_ops"]) == (ca["problem"], ca["answer"], ca["num_ops"])
+        yield record, ca
+
+
 def test_half_the_checked_stream_checks_every_step_and_is_always_right_the_rest_is_canonical():
     """Same problems and answers as the canonical stream; the unchecked solutions are the canonical text with the
     canonical slips, character for character; a checked one alternates step and check lines, each the same step worked
@@ -270,14 +283,10 @@ def test_half_the_checked_stream_checks_every_step_and_is_always_right_the_rest_
     checked solution is 28-107 tokens (with EOS) and a canonical one 16-46, so a 64-token budget cuts checked
     solutions at 3-4 operations only (all but the shortest) and no canonical one."""
     from literl.testbed.recipes import BASE, CHECKED
-    from literl.testbed.tasks import CHECK_PREFIX, _apply, problem_stream
+    from literl.testbed.tasks import CHECK_PREFIX, _apply
 
-    checked = problem_stream(split="train", seed=3, slip_rate=0.2, style="checked")
-    canonical = problem_stream(split="train", seed=3, slip_rate=0.2)
     n_checked, over_64, at_least_3_ops = 0, 0, 0
-    for _ in range(2000):
-        ch, ca = next(checked), next(canonical)
-        assert (ch["problem"], ch["answer"], ch["num_ops"]) == (ca["problem"], ca["answer"], ca["num_ops"])
+    for ch, ca in _beside_canonical("checked"):
         if CHECK_PREFIX not in ch["solution"]:
             assert ch["solution"] == ca["solution"] and len(ch["solution"]) + 1 < 64
             continue
@@ -318,14 +327,9 @@ def test_half_the_direct_stream_answers_at_once_and_right_the_rest_is_canonical(
     9-11 tokens; a worked one of 1-2 operations at most 30, of 4 operations at least 34, so finding_d's training budget
     of 32 cuts every worked 4-operation solution, most 3-operation ones and no direct or 1-2-operation one."""
     from literl.testbed.recipes import BASE, DIRECT
-    from literl.testbed.tasks import problem_stream
 
-    direct = problem_stream(split="train", seed=3, slip_rate=0.2, style="direct")
-    canonical = problem_stream(split="train", seed=3, slip_rate=0.2)
     n_direct, cut_3_ops, n_3_ops = 0, 0, 0
-    for _ in range(2000):
-        di, ca = next(direct), next(canonical)
-        assert (di["problem"], di["answer"], di["num_ops"]) == (ca["problem"], ca["answer"], ca["num_ops"])
+    for di, ca in _beside_canonical("direct"):
         tokens = len(di["solution"]) + 1
         if di["solution"] != ca["solution"]:
             n_direct += 1
