@@ -44,7 +44,8 @@ done
 #     `attention.gathered_keys`, is what this measures: docs/speed.md)
 mark "qwen3-0.6b, update compiled, shared prompts"
 timeout 150 python3 benchmarks/gpu_step.py --models qwen3-0.6b --steps 2 --warmup 2 --compile-update --no-hf \
-  --no-kernels --share-prompts >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"; echo "rc=$?" >> "$OUT/steps.err"
+  --no-kernels --share-prompts --profile "$OUT/profile" >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"
+echo "rc=$?" >> "$OUT/steps.err"
 # 2. the GPU tests (the graphs against the eager step, bf16 masters, packed kernels, compiled packed layers, no host
 #    sync in the micro-batch loop)
 mark "pytest -m gpu"
@@ -60,5 +61,9 @@ mark "0.6B eager and the MoE, ${left} s left"
 if [ "$left" -gt 60 ]; then
   timeout "$left" python3 benchmarks/gpu_step.py --models qwen3-0.6b,qwen3-moe --no-hf --budget-s $(( left - 60 )) \
     >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"; echo "rc=$?" >> "$OUT/steps.err"
+fi
+# The timelines in one file: with three profiles, the files under $OUT would pass the 8 that come back.
+if ls "$OUT"/profile/*_trace.json.gz >/dev/null 2>&1; then
+  tar -cf "$OUT/traces.tar" -C "$OUT/profile" $(cd "$OUT/profile" && ls *_trace.json.gz) && rm "$OUT"/profile/*_trace.json.gz
 fi
 mark "done"

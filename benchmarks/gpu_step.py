@@ -238,7 +238,8 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
     shared = parts.policy_forward.shares_packed_prompts and "num_experts" not in spec
     # The profiled update is one more step after the timed ones: the profiler's overhead stays out of the medians.
     extra = 1 if profile_dir else 0
-    profiled = profile_one_update(parts, device, profile_dir, name, warmup + steps + 1) if extra else {}
+    profile_name = f"{name}_shared" if shared else name     # beside the whole-rows profile of the same body
+    profiled = profile_one_update(parts, device, profile_dir, profile_name, warmup + steps + 1) if extra else {}
     records, first_step_s = [], None
     compiled_before = sum(compile_seconds().values())
     try:
