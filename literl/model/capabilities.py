@@ -30,7 +30,8 @@ why; an out-of-memory or an accelerator backend error during a probe is raised, 
 
 Device choices made here by measurement (or, where no measurement exists yet, said so): `records_forward` (the
 update replaying the rollout's forward: CPU only), `PACKED_ROUTE` (which devices pack rows, with which kernels),
-`SHARED_PACKED_PROMPTS` (which of those kernels share prompts), and `micro_batch_tokens`
+`SHARED_PACKED_PROMPTS` (which of those kernels share prompts), `REPEATED_KV_HEADS` (where a compiled varlen
+layer repeats keys and values per query head), `FUSED_HEAD_TILES` and `micro_batch_tokens`
 (`trainer.micro_batch_tokens=auto`: sized from free accelerator memory).
 """
 
@@ -319,23 +320,17 @@ RECORD_REPLAY_DEVICES = ("cpu",)
 
 # Devices whose update packs whole rows into one token stream, and the attention kernels to try there, in order
 # (`attention.packed`). CUDA: varlen first (flash attention over the row starts: no padding, no mask, native
-# grouped-query heads), then padded rows through SDPA's flash kernel (no mask, `is_causal`). Chosen by the issue's
-# reasoning, NOT MEASURED: no GPU was lent when this was built; `benchmarks/gpu_step.py --attention` times both
-# (docs/speed.md). CPU packs nothing: its shared-prompt and replayed forwards are measured faster there (each
-# distinct prompt runs once, the record skips the forward matmuls) and keep the default job's numbers.
+# grouped-query heads), then padded rows through SDPA's flash kernel (no mask, `is_causal`): measured on an H200,
+# varlen 0.55 s and padded 0.66 s for the 0.6B body's rows (docs/speed.md). CPU packs nothing: its shared-prompt
+# and replayed forwards are measured faster there and keep the default job's numbers.
 PACKED_ROUTE: dict[str, tuple[str, ...]] = {"cuda": ("varlen", "padded")}
 # The packed kernels whose stream shares each distinct prompt among the rows that continue it (`packing`, module
-# docstring): a GRPO group's prompt runs through the layers once instead of once per row, its keys and values
-# gathered for each response (with the varlen kernel a segment then has more keys than queries, its causal mask
-# aligned at the segment's end: the CUDA probe and gpu test passed on an H100). MEASURED NOT TO PAY with varlen,
-# so not on by default there: on an H100 (2026-11-27, docs/speed.md) the 0.6B body's stream lost 11% of its tokens
-# (33,201 → 29,407) and its matmuls 11% of their time, but the gather's backward (a bfloat16 index_add with atomics
-# over every gathered key and value, 17.5 ms an update) took it back: update 0.280 s against 0.278 s whole. The
-# gather now places each stream token's key once and copies only the prompts' (`attention.gathered_keys`: a
-# backward of gathers and a sum over the ~4,000 copies, ~2 ms by arithmetic), NOT MEASURED on a GPU yet, so still
-# off there; `benchmarks/gpu_step.py --share-prompts` measures it (`gpu_session.sh` runs it beside the default).
-# The document-mask kernel (the CPU reference) shares, so that the layout is tested against whole rows where CI
-# runs. `padded` attends within whole rows only.
+# docstring): a GRPO group's prompt runs through the layers once, its keys and values gathered for each response
+# (a segment with more keys than queries, causal aligned at its end: the CUDA probe and gpu test pass). NOT ON
+# with varlen, by measurement (docs/speed.md): on an H100 (2026-11-27) the first gather's backward, bfloat16
+# atomics, took back the 11% of matmul time saved; with the gather rebuilt (`attention.gathered_keys`), on an H200
+# (2026-11-28) the device time fell 9.5% but the update's wall time did not (0.260 s against 0.257 s whole: the
+# host's longer stream layout). The document-mask kernel (the CPU reference) shares, so CI tests the layout.
 SHARED_PACKED_PROMPTS: tuple[str, ...] = ("document_mask",)
 
 
@@ -463,6 +458,17 @@ FUSED_HEAD_TILES = ("cuda",)
 def fuses_head_tiles(device: torch.device, compiled: bool) -> bool:
     """Whether the head's tiles run as compiled kernels for a forward on `device` (`compiled`: trainer.compile)."""
     return compiled and device.type in FUSED_HEAD_TILES
+
+
+# Where a compiled varlen layer repeats keys and values per query head in its graph (`attention.repeated_kv_heads`):
+# with grouped heads the flash backward sums each group's key and value gradients in a separate bfloat16 reduction
+# (8.6 ms of the 0.6B body's 0.26 s compiled update on an H200, docs/speed.md); repeated, the layer's backward
+# kernels fuse that sum. Eager layers keep grouped heads (an eager sum is the same reduction).
+REPEATED_KV_HEADS = ("cuda",)
+
+
+def repeats_kv_heads(device: torch.device, compiled: bool) -> bool:
+    return compiled and torch.device(device).type in REPEATED_KV_HEADS
 
 
 def cluster_micro_batch_tokens(setting: int | str) -> int:
