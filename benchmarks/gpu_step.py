@@ -205,7 +205,6 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
              decode: str = "auto", profile_dir: Path | None = None, hf: bool = True) -> dict:
     import literl
     from literl.components import build_components
-    from literl.model.capabilities import repeats_kv_heads
     from literl.model.compiled import compile_seconds
     from literl.model.packing import pack_rows
     from literl.testbed.tasks import train_problems
@@ -239,10 +238,7 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
     shared = parts.policy_forward.shares_packed_prompts and "num_experts" not in spec
     # The profiled update is one more step after the timed ones: the profiler's overhead stays out of the medians.
     extra = 1 if profile_dir else 0
-    repeated_kv = repeats_kv_heads(device, bool(compile))
-    # Beside the default's profile of the same body: "_shared" (--share-prompts), "_grouped_kv" (--native-gqa).
-    profile_name = (name + ("_shared" if shared else "")
-                    + ("_grouped_kv" if compile and device.type == "cuda" and not repeated_kv else ""))
+    profile_name = f"{name}_shared" if shared else name     # beside the whole-rows profile of the same body
     profiled = profile_one_update(parts, device, profile_dir, profile_name, warmup + steps + 1) if extra else {}
     records, first_step_s = [], None
     compiled_before = sum(compile_seconds().values())
@@ -293,7 +289,6 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             "literl_over_hf": rollout_tok_s / hf_tok_s if hf else None, "update_s": row["update_s"],
             "trained_tokens": row["trained_tokens"], "stream_tokens": row["stream_tokens"],
             "shared_prompts": shared, "update_tflops": tflops,
-            "repeated_kv_heads": repeated_kv,
             "update_mfu": tflops / peak_tflops if peak_tflops else None,
             "peak_memory_gib": row["peak_memory_gib"], "first_step_s": first_step_s,
             "compiled": compile,
@@ -383,9 +378,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--share-prompts", action="store_true",
                         help="the varlen kernel's stream shares each distinct prompt among its rows (by default "
                              "whole rows, each with its own copy of its prompt: capabilities.SHARED_PACKED_PROMPTS)")
-    parser.add_argument("--native-gqa", action="store_true",
-                        help="compiled varlen layers hand the kernel grouped key/value heads (by default on CUDA "
-                             "they repeat them per query head in the graph: capabilities.REPEATED_KV_HEADS)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="profile one more step's update: operator table in DIR, kinds in the row")
     args = parser.parse_args(argv)
@@ -394,12 +386,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         logging.getLogger(logger).setLevel(logging.INFO)
         if not logging.getLogger(logger).handlers:
             logging.getLogger(logger).addHandler(logging.StreamHandler(sys.stderr))
-    from literl.model import capabilities
-
     if args.share_prompts:
+        from literl.model import capabilities
+
         capabilities.SHARED_PACKED_PROMPTS += ("varlen",)
-    if args.native_gqa:
-        capabilities.REPEATED_KV_HEADS = ()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     tiny = args.tiny or device.type == "cpu"
     peak = args.peak_tflops or (H100_BF16_TFLOPS if device.type == "cuda" else None)

@@ -15,10 +15,7 @@ leading shape, Q query heads, J key/value heads, F = Q·D, o_proj's input):
   to its own row's earlier tokens, through one of `PACKED_KERNELS`.
 
 Grouped-query attention never repeats keys and values per query head: a static decode step views the query
-heads sharing a key/value head as that head's Z "queries"; the dense forward passes `enable_gqa`. One exception,
-where a device measurement chooses it (`capabilities.REPEATED_KV_HEADS`): the varlen kernel inside a compiled
-layer takes keys and values repeated per query head (`repeated_kv_heads`), so that their gradients' sum over each
-group is fused into the layer's backward graph instead of the flash backward's separate reduction.
+heads sharing a key/value head as that head's Z "queries"; the dense forward passes `enable_gqa`.
 """
 
 from __future__ import annotations
@@ -232,32 +229,15 @@ class VarlenLayout:
         return cls(**{field.name: getattr(stream, field.name) for field in dataclasses.fields(cls)})
 
 
-def varlen_segments(query_MQD, key_MJD, value_MJD, layout: VarlenLayout, options: dict, kv_groups: int = 1
-                    ) -> torch.Tensor:
+def varlen_segments(query_MQD, key_MJD, value_MJD, layout: VarlenLayout, options: dict) -> torch.Tensor:
     """Causal attention within each segment of a packed stream through `varlen_kernel`; with shared prompts each
     segment's keys and values gathered first (its prompt's, then its own: `gathered_keys`), more keys than
-    queries, the causal mask aligned at the segment's end (flash attention's convention). `kv_groups` > 1: the
-    keys and values repeated per query head after the gather (`repeated_kv_heads`; `options` then for ungrouped
-    heads)."""
+    queries, the causal mask aligned at the segment's end (flash attention's convention)."""
     if layout.cu_key_R1 is None:
-        keys, values, cu_key_R1, key_width = key_MJD, value_MJD, layout.cu_R1, layout.width
-    else:
-        keys, values = gathered_keys(key_MJD, layout), gathered_keys(value_MJD, layout)
-        cu_key_R1, key_width = layout.cu_key_R1, layout.key_width
-    return varlen_kernel(query_MQD, repeated_kv_heads(keys, kv_groups), repeated_kv_heads(values, kv_groups),
-                         layout.cu_R1, cu_key_R1, layout.width, key_width, options)
-
-
-def repeated_kv_heads(x_YJD: torch.Tensor, groups: int) -> torch.Tensor:
-    """Each key/value head repeated for the `groups` query heads that read it: [Y, J·groups, D], query head h
-    reading head h // groups (as Hugging Face's `repeat_kv` and flash attention's grouped heads map them). Its
-    backward sums each group's gradients: inside a compiled layer, one fused pass with the rest of the layer's
-    backward; the flash backward's own sum for grouped heads was a separate bfloat16 reduction, 8.6 ms of the
-    0.6B body's 0.26 s update on an H200 (docs/speed.md)."""
-    if groups == 1:
-        return x_YJD
-    Y, J, D = x_YJD.shape
-    return x_YJD[:, :, None].expand(Y, J, groups, D).reshape(Y, J * groups, D)
+        return varlen_kernel(query_MQD, key_MJD, value_MJD, layout.cu_R1, layout.cu_R1, layout.width, layout.width,
+                             options)
+    return varlen_kernel(query_MQD, gathered_keys(key_MJD, layout), gathered_keys(value_MJD, layout), layout.cu_R1,
+                         layout.cu_key_R1, layout.width, layout.key_width, options)
 
 
 def gathered_keys(x_MJD: torch.Tensor, layout: VarlenLayout) -> torch.Tensor:
@@ -279,28 +259,22 @@ def varlen_kernel(query_MQD, key_YJD, value_YJD, cu_R1: torch.Tensor, cu_key_R1:
     return varlen_attn(query_MQD, key_YJD, value_YJD, cu_R1, cu_key_R1, max_q, max_k, **options)
 
 
-def varlen_in_graph(layout: VarlenLayout, options: dict, kv_groups: int = 1):
+def varlen_in_graph(layout: VarlenLayout, options: dict):
     """`packed` with the varlen kernel, for a layer compiled whole (`packing.compiled_varlen_layer`): varlen_attn is
     a custom operator with a fake kernel, so torch.compile traces it as one node of the layer's graph, the
     segments' starts (and shared prompts' key positions) tensor inputs and the lengths symbolic ints; a layer is
     then one graph forward and one backward, not two graphs with an eager kernel between them (on an H100 the
     host's cost per layer call was what the GPU waited for: docs/speed.md)."""
     def attend(attn, query_MQD, key_MJD, value_MJD):
-        return varlen_segments(*_in_autocast_dtype(query_MQD, key_MJD, value_MJD), layout, options,
-                               kv_groups).flatten(1)
+        return varlen_segments(*_in_autocast_dtype(query_MQD, key_MJD, value_MJD), layout, options).flatten(1)
 
     return attend
 
 
-def kv_groups_of(attn: torch.nn.Module) -> int:
-    """Query heads per key/value head of a model's attention module (1 without grouped-query attention)."""
-    return int(getattr(attn, "num_key_value_groups", 1))
-
-
-def varlen_options_of(attn: torch.nn.Module, repeated_kv: bool = False) -> dict:
-    """`varlen_options` for a model's attention module (its scale, head size, and whether heads are grouped;
-    `repeated_kv`: keys and values come repeated per query head, `repeated_kv_heads`, so they are not)."""
-    return varlen_options(attn.scaling, attn.head_dim, kv_groups_of(attn) != 1 and not repeated_kv)
+def varlen_options_of(attn: torch.nn.Module) -> dict:
+    """`varlen_options` for a model's attention module (its scale, head size, and whether heads are grouped)."""
+    grouped = getattr(attn, "num_key_value_groups", 1) != 1
+    return varlen_options(attn.scaling, attn.head_dim, grouped)
 
 
 @functools.cache

@@ -30,8 +30,8 @@ why; an out-of-memory or an accelerator backend error during a probe is raised, 
 
 Device choices made here by measurement (or, where no measurement exists yet, said so): `records_forward` (the
 update replaying the rollout's forward: CPU only), `PACKED_ROUTE` (which devices pack rows, with which kernels),
-`SHARED_PACKED_PROMPTS` (which of those kernels share prompts), `REPEATED_KV_HEADS` (where a compiled varlen
-layer repeats keys and values per query head), `FUSED_HEAD_TILES` and `micro_batch_tokens`
+`SHARED_PACKED_PROMPTS` (which of those kernels share prompts), `FUSED_HEAD_TILES` (where the head's tiles are
+compiled kernels) and `micro_batch_tokens`
 (`trainer.micro_batch_tokens=auto`: sized from free accelerator memory).
 """
 
@@ -328,9 +328,10 @@ PACKED_ROUTE: dict[str, tuple[str, ...]] = {"cuda": ("varlen", "padded")}
 # docstring): a GRPO group's prompt runs through the layers once, its keys and values gathered for each response
 # (a segment with more keys than queries, causal aligned at its end: the CUDA probe and gpu test pass). NOT ON
 # with varlen, by measurement (docs/speed.md): on an H100 (2026-11-27) the first gather's backward, bfloat16
-# atomics, took back the 11% of matmul time saved; with the gather rebuilt (`attention.gathered_keys`), on an H200
-# (2026-11-28) the device time fell 9.5% but the update's wall time did not (0.260 s against 0.257 s whole: the
-# host's longer stream layout). The document-mask kernel (the CPU reference) shares, so CI tests the layout.
+# atomics, took back the 11% of matmul time saved; with the gather rebuilt (`attention.gathered_keys`), in two
+# calls on an H200 (2026-11-28) the device time fell 8-9% but the update's wall time moved less than its spread
+# between steps (+1.3%, -1.8%): the host lays out the longer stream. The document-mask kernel (the CPU reference)
+# shares, so CI tests the layout; `padded` attends within whole rows only.
 SHARED_PACKED_PROMPTS: tuple[str, ...] = ("document_mask",)
 
 
@@ -458,17 +459,6 @@ FUSED_HEAD_TILES = ("cuda",)
 def fuses_head_tiles(device: torch.device, compiled: bool) -> bool:
     """Whether the head's tiles run as compiled kernels for a forward on `device` (`compiled`: trainer.compile)."""
     return compiled and device.type in FUSED_HEAD_TILES
-
-
-# Where a compiled varlen layer repeats keys and values per query head in its graph (`attention.repeated_kv_heads`):
-# with grouped heads the flash backward sums each group's key and value gradients in a separate bfloat16 reduction
-# (8.6 ms of the 0.6B body's 0.26 s compiled update on an H200, docs/speed.md); repeated, the layer's backward
-# kernels fuse that sum. Eager layers keep grouped heads (an eager sum is the same reduction).
-REPEATED_KV_HEADS = ("cuda",)
-
-
-def repeats_kv_heads(device: torch.device, compiled: bool) -> bool:
-    return compiled and torch.device(device).type in REPEATED_KV_HEADS
 
 
 def cluster_micro_batch_tokens(setting: int | str) -> int:

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from literl.model.attention import PACKED_KERNELS
-from literl.model.capabilities import capabilities, fuses_head_tiles, micro_batch_tokens, repeats_kv_heads
+from literl.model.capabilities import capabilities, fuses_head_tiles, micro_batch_tokens
 from literl.model.forward import hidden_by_length, response_hidden
 from literl.model.grouping import forward_groups, replay_groups
 from literl.model.head import Tiling, direct_logprobs, head_logprobs, scatter_rows
@@ -305,8 +305,7 @@ class PolicyForward:
                                                          torch.ones_like(packed.row_M, dtype=torch.bool))
         with computing_in(self.model, self.compute_dtype):
             hidden_PH = packed_layers(self.model.get_decoder(), packed, self.packed_kernel, routes,
-                                      compiled=self.compile,
-                                      repeat_kv_heads=repeats_kv_heads(self.device, self.compile))
+                                      compiled=self.compile)
         self._note_agreement(routing)
         head = capabilities(self.model).head
         logp_P, entropy_P = head_logprobs(head, hidden_PH, packed.target_P, self.temperature, with_entropy,

@@ -14,7 +14,7 @@ from literl.model.packing import pack_rows, unpacked
 from literl.model.policy import PolicyForward
 from tests.conftest import build_tiny_qwen3, uneven_rows
 from tests.model.test_routing_replay import ROLLOUT_ROUTES, _batch as _moe_batch, _qwen3_moe
-from tests.model.varlen_stand_in import HEADS_SEEN, stand_in_varlen
+from tests.model.varlen_stand_in import stand_in_varlen
 
 
 def test_pack_rows_lays_out_each_row_up_to_its_last_predictor():
@@ -104,23 +104,6 @@ def test_distinct_prompts_are_numbered_by_first_appearance_and_a_prefix_is_its_o
     expected = distinct_prompts([row[:n] for row, n in zip(tokens_KL.tolist(), prompt_len[pick_K].tolist())],
                                 pad_id=0, device=torch.device("cpu"))
     assert torch.equal(source_K, expected.source_B) and torch.equal(first_U, expected.first_rows_U())
-
-
-def test_keys_repeated_per_query_head_match_repeat_kv_and_sum_their_gradients_per_group():
-    """`attention.repeated_kv_heads` with 2 key/value heads for 6 query heads (groups of 3): query head h reads
-    head h // 3, as Hugging Face's `repeat_kv` lays them out; the gradient of head j is the sum of its 3 copies'
-    (copies weighted 1, 2, 3 give 6 × the weight on every element); groups of 1 return the input itself."""
-    from transformers.models.qwen3.modeling_qwen3 import repeat_kv
-
-    from literl.model.attention import repeated_kv_heads
-
-    x_YJD = torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True)
-    got = repeated_kv_heads(x_YJD, 3)
-    assert torch.equal(got, repeat_kv(x_YJD.transpose(0, 1)[None], 3)[0].transpose(0, 1))
-    weights = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64).repeat(2)[None, :, None]
-    (grad,) = torch.autograd.grad((weights * got).sum(), x_YJD)
-    assert torch.equal(grad, torch.full_like(x_YJD, 6.0))
-    assert repeated_kv_heads(x_YJD, 1) is x_YJD
 
 
 def test_shared_prompt_keys_move_to_a_device_with_the_rest():
@@ -278,16 +261,13 @@ def test_compiled_packed_layers_equal_the_eager_ones_with_one_graph_for_every_st
     assert compiled_graphs[1] == compiled_graphs[0], "the second stream recompiled the layer"
 
 
-@pytest.mark.parametrize("repeated_kv", [False, True], ids=["grouped_heads", "repeated_kv_heads"])
-def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monkeypatch, repeated_kv):
+def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monkeypatch):
     """The varlen kernel inside the compiled layer (`packing.compiled_varlen_layer`), with a CPU stand-in operator
     of varlen_attn's kind: log-probs, entropies and gradients within float32 rounding of the eager packed forward
     (the stand-in called between no graphs), for streams of different lengths and widths; each layer is ONE
     graph (the attention traced into it, no graph break), and a second stream with shared prompts, with another
     width and key count, compiles nothing new (the lengths are symbolic ints); a stream whose rows share no prompt
-    is the one other graph. `repeated_kv_heads`: the compiled layers hand the kernel keys and values repeated per
-    query head (`capabilities.REPEATED_KV_HEADS`, CUDA's choice, taken here on the CPU) and still equal the eager
-    layers' grouped heads, gradients summed per group. The real kernel runs in the gpu test below."""
+    is the one other graph. The real kernel runs in the gpu test below."""
     from torch._dynamo.utils import counters
 
     from literl.model import attention
@@ -295,10 +275,8 @@ def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monk
     def stand_in(query, key, value, cu_Q1, cu_key_R1, max_q, max_k, options):
         return stand_in_varlen(query, key, value, cu_Q1, cu_key_R1, options["scale"])
 
-    HEADS_SEEN.clear()
     monkeypatch.setattr(attention, "varlen_kernel", stand_in)
     monkeypatch.setattr("literl.model.capabilities.SHARED_PACKED_PROMPTS", ("varlen", "document_mask"))
-    monkeypatch.setattr("literl.model.capabilities.REPEATED_KV_HEADS", ("cpu",) if repeated_kv else ())
     model = build_tiny_qwen3(seed=4, num_attention_heads=2, num_key_value_heads=1)
     torch._dynamo.reset()
     counters.clear()
@@ -321,8 +299,6 @@ def test_compiled_varlen_layers_are_one_graph_each_and_equal_the_eager_ones(monk
     expected = _values_and_grads(PolicyForward(model, packed="document_mask"), single)
     torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-6)
     assert counters["stats"]["unique_graphs"] == graphs[-1], "a width of 1 compiled a graph"
-    # The eager layers hand the kernel grouped heads (2 query heads, 1 key/value head); compiled, repeated or not.
-    assert HEADS_SEEN == ({(2, 1), (2, 2)} if repeated_kv else {(2, 1)})
 
 
 @pytest.mark.gpu
