@@ -329,7 +329,7 @@ PACKED_ROUTE: dict[str, tuple[str, ...]] = {"cuda": ("varlen", "padded")}
 # (a segment with more keys than queries, causal aligned at its end: the CUDA probe and gpu test pass). NOT ON
 # with varlen, by measurement (docs/speed.md): on an H100 (2026-11-27) the first gather's backward, bfloat16
 # atomics, took back the 11% of matmul time saved; with the gather rebuilt (`attention.gathered_keys`), in two
-# calls on an H200 (2026-11-28) the device time fell 8-9% but the update's wall time moved less than its spread
+# calls on an H200 (2026-11-28) the device time fell 8-10% but the update's wall time moved less than its spread
 # between steps (+1.3%, -1.8%): the host lays out the longer stream. The document-mask kernel (the CPU reference)
 # shares, so CI tests the layout; `padded` attends within whole rows only.
 SHARED_PACKED_PROMPTS: tuple[str, ...] = ("document_mask",)
