@@ -40,8 +40,8 @@ for body in qwen3-0.6b qwen3-1.7b; do     # a process each: each body's compile 
     --no-kernels --profile "$OUT/profile" >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"; echo "rc=$?" >> "$OUT/steps.err"
 done
 # 1b. the same 0.6B step with each distinct prompt shared in the stream, on the same machine in the same call (off
-#     by default: with its first gather measured not to pay on an H100; the gather rebuilt since,
-#     `attention.gathered_keys`, is what this measures: docs/speed.md)
+#     by default: on an H200 its device time is 8-10% lower but its wall time no better, docs/speed.md; an H100,
+#     more bound by its device, is where it might pay), profiled beside the whole rows' update
 mark "qwen3-0.6b, update compiled, shared prompts"
 timeout 150 python3 benchmarks/gpu_step.py --models qwen3-0.6b --steps 2 --warmup 2 --compile-update --no-hf \
   --no-kernels --share-prompts --profile "$OUT/profile" >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"
