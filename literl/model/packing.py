@@ -104,10 +104,9 @@ class PackedRows:
             return self
         names = _INDEX_FIELDS + (_KEY_FIELDS if self.shares_prompts else ())
         parts = [getattr(self, name) for name in names]
-        # Straight into pinned memory (the host allocator's cached blocks): `pin_memory()` on a finished tensor
-        # first asks the driver whether it is pinned already, 2.4 ms of host time an update on an H200.
-        flat = torch.empty(sum(part.numel() for part in parts), dtype=torch.long, pin_memory=device.type == "cuda")
-        torch.cat([part.long() for part in parts], out=flat)
+        flat = torch.cat([part.long() for part in parts])
+        if device.type == "cuda":
+            flat = flat.pin_memory()
         flat = flat.to(device, non_blocking=True)
         moved = dict(zip(names, flat.split([part.numel() for part in parts])))
         for starts in ("cu_R1", "cu_key_R1"):
@@ -215,17 +214,22 @@ def _shared_prompt_rows(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, val
 
 def _distinct_prompt_rows(tokens_KL: torch.Tensor, prompt_len_K: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Which distinct prompt each row continues (source_K) and the first row of each (first_U), the distinct
-    prompts numbered in the order they first appear. Tensor work only: a row's prompt tokens, -1 after them (no
-    token id), compared whole (a Python tuple per row took 2.6 ms of the 3.1 ms layout of 256 rows on the CPU)."""
-    X = int(prompt_len_K.max())
+    prompts numbered in the order they first appear. A GRPO batch holds each prompt's rows one after another, so
+    rows are first compared with the row before them (tensor work: a row's prompt tokens, -1 after them, which no
+    token id is), and only the first row of each run of equal prompts is looked up by its tokens: for 256 rows in
+    groups of 8, 32 Python tuples and 0.34 ms on this project's CPU, where a tuple per row took 4.4 ms."""
+    K, X = len(prompt_len_K), int(prompt_len_K.max())
     ids_KX = torch.where(torch.arange(X) < prompt_len_K[:, None], tokens_KL[:, :X], -1)
-    _, sorted_id_K = torch.unique(ids_KX, dim=0, return_inverse=True)
-    K, U = len(prompt_len_K), int(sorted_id_K.max()) + 1
-    first_by_sorted_U = torch.full((U,), K, dtype=torch.long).scatter_reduce(0, sorted_id_K, torch.arange(K), "amin")
-    order_U = torch.argsort(first_by_sorted_U)
-    number_of_sorted_U = torch.empty_like(order_U)
-    number_of_sorted_U[order_U] = torch.arange(U)
-    return number_of_sorted_U[sorted_id_K], first_by_sorted_U[order_U]
+    starts_run_K = torch.ones(K, dtype=torch.bool)
+    starts_run_K[1:] = (ids_KX[1:] != ids_KX[:-1]).any(-1)
+    run_K = starts_run_K.cumsum(0) - 1
+    run_first_R = torch.nonzero(starts_run_K).flatten()
+    number: dict[tuple[int, ...], int] = {}
+    prompt_of_run = [number.setdefault(tuple(row), len(number)) for row in ids_KX[run_first_R].tolist()]
+    prompt_R = torch.tensor(prompt_of_run, dtype=torch.long)
+    first_run_U = torch.full((len(number),), len(run_first_R), dtype=torch.long).scatter_reduce(
+        0, prompt_R, torch.arange(len(run_first_R)), "amin")
+    return prompt_R[run_K], run_first_R[first_run_U]
 
 
 def packed_layers(decoder, packed: PackedRows, kernel: str, routes: TokenRoutes | None = None, *,

@@ -88,7 +88,8 @@ def test_gathered_keys_equal_an_index_select_forward_and_backward():
 def test_distinct_prompts_are_numbered_by_first_appearance_and_a_prefix_is_its_own_prompt():
     """Rows continuing prompts a, b, a, c, b, where c = a's first two tokens and row 3's next token is a's third
     (so its first three tokens equal a's, its prompt does not): prompts numbered 0, 1, 0, 2, 1 in the order they
-    first appear, first rows 0, 1, 3; the same as `prompts.distinct_prompts` on 200 random rows (60 prompts)."""
+    first appear, first rows 0, 1, 3; the same as `prompts.distinct_prompts` on 200 random rows (60 prompts), in
+    random order and in runs of 8 (a GRPO batch's order), a prompt's runs not always next to each other."""
     from literl.model.packing import _distinct_prompt_rows
     from literl.model.prompts import distinct_prompts
 
@@ -98,12 +99,14 @@ def test_distinct_prompts_are_numbered_by_first_appearance_and_a_prefix_is_its_o
     generator = torch.Generator().manual_seed(0)
     prompt_tokens = torch.randint(1, 4, (60, 6), generator=generator)
     prompt_len = torch.randint(1, 7, (60,), generator=generator)
-    pick_K = torch.randint(0, 60, (200,), generator=generator)
-    tokens_KL = torch.cat([prompt_tokens[pick_K], torch.randint(1, 4, (200, 3), generator=generator)], dim=1)
-    source_K, first_U = _distinct_prompt_rows(tokens_KL, prompt_len[pick_K])
-    expected = distinct_prompts([row[:n] for row, n in zip(tokens_KL.tolist(), prompt_len[pick_K].tolist())],
-                                pad_id=0, device=torch.device("cpu"))
-    assert torch.equal(source_K, expected.source_B) and torch.equal(first_U, expected.first_rows_U())
+    for pick_K in (torch.randint(0, 60, (200,), generator=generator),
+                   torch.randint(0, 60, (25,), generator=generator).repeat_interleave(8)):
+        tokens_KL = torch.cat([prompt_tokens[pick_K], torch.randint(1, 4, (200, 3), generator=generator)], dim=1)
+        source_K, first_U = _distinct_prompt_rows(tokens_KL, prompt_len[pick_K])
+        expected = distinct_prompts([row[:n] for row, n in zip(tokens_KL.tolist(), prompt_len[pick_K].tolist())],
+                                    pad_id=0, device=torch.device("cpu"))
+        assert len(first_U) <= len(set(pick_K.tolist()))
+        assert torch.equal(source_K, expected.source_B) and torch.equal(first_U, expected.first_rows_U())
 
 
 def test_shared_prompt_keys_move_to_a_device_with_the_rest():
