@@ -33,9 +33,9 @@ fi
 #    the rollout eager in its CUDA graphs), one more update profiled each (profile/: the top kernels; the row's
 #    update_profile: device seconds by kind, kernels, host synchronisations). Two warm-up steps: the one-time costs
 #    (compiling, sizing the micro-batches, a back-off after an out-of-memory micro-batch, which on an H200 came
-#    in the second step) stay out of the timed ones. Three timed steps: a first timed step ~20% slow, for no
-#    reason the log gives, came in one run in three on the 0.6B body (docs/speed.md); the median of three sets it
-#    aside.
+#    in the second step) stay out of the timed ones. Three timed steps: one timed step 10-20% slower than the
+#    other, for no reason the log gives, came in two of five 0.6B runs on an H200 (docs/speed.md, 2026-11-28); the
+#    median of three sets such a step aside.
 for body in qwen3-0.6b qwen3-1.7b; do     # a process each: each body's compile seconds its own
   mark "$body, update compiled"
   timeout 150 python3 benchmarks/gpu_step.py --models $body --steps 3 --warmup 2 --compile-update --no-hf \
