@@ -24,7 +24,7 @@ def test_the_five_study_axes_ship_as_specs():
     assert set(SHIPPED) <= set(shipped_spec_names())
 
 
-NOT_A_PAPER_CLAIM = {"positive_control", "finding_e_sampling"}
+NOT_A_PAPER_CLAIM = {"positive_control", "finding_e_sampling", "finding_c_binary"}
 """Shipped specs that test the instrument or attribute another spec's result, not a claim of a paper."""
 
 
