@@ -9,7 +9,8 @@ all its samples of a problem gets one score), uniform over distinct texts (mean 
 to correctness. Beside the correctness check with a small weight (`reward.fns=[{fn: ...math_accuracy}, {fn:
 literl.rewards.judge_noise:judge_noise, weight: 0.1}]`), a group whose members are all correct has a reward std
 of ~0.029 from the noise alone (`groups/small_std_frac`) — what a group-std normalisation divides by and turns
-into advantages of full size (algorithms.md §1.1; the regime of `finding_c`'s third and fourth versions, docs/testbed.md).
+into advantages of full size (algorithms.md §1.1; the regime of `finding_c`'s third and fourth versions,
+docs/testbed.md).
 """
 
 from __future__ import annotations
