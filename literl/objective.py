@@ -199,6 +199,8 @@ class Objective:
             "advantage/mean": float(masked_mean(adv_BT, loss_mask_BT)),
             "advantage/std": float(masked_mean((adv_BT - masked_mean(adv_BT, loss_mask_BT)) ** 2, loss_mask_BT).sqrt()),
             "advantage/zero_std_group_frac": _zero_std_group_frac(batch.rewards_B, batch.group_B),
+            "advantage/equal_reward_abs": _equal_reward_abs_advantage(batch.rewards_B, batch.group_B, adv_BT,
+                                                                      loss_mask_BT),
             "loss_mask/kept_token_frac": float(loss_mask_BT.sum()) / max(response_tokens, 1),
             "loss_mask/masked_seq_frac": float((~loss_mask_BT.any(-1) & mask_BT.any(-1)).float().mean())
             if len(batch) else 0.0,
@@ -329,6 +331,22 @@ def _zero_std_group_frac(rewards_B: torch.Tensor, group_B: torch.Tensor) -> floa
     equal = torch.zeros(n_groups, dtype=torch.bool, device=rewards_B.device).index_put_((index_B,), lo_B == hi_B)
     judged = count > 1
     return float((equal & judged).sum()) / max(int(judged.sum()), 1)
+
+
+def _equal_reward_abs_advantage(rewards_B: torch.Tensor, group_B: torch.Tensor, adv_BT: torch.Tensor,
+                                loss_mask_BT: torch.Tensor) -> float:
+    """Mean |A| over the trained tokens of responses whose group's scorable rewards are all equal (0 if none).
+
+    Such a group says nothing about which of its responses was better: any group-centred advantage (GRPO,
+    Dr.GRPO, LitePPO) gives it 0, a batch-centred one (`batch_norm`) |mean_g − mean_B| / std_B on every token —
+    the whole-group push the LitePPO paper expects to destabilise training under skewed rewards (§8.2.2).
+    """
+    valid_B = ~torch.isnan(rewards_B)
+    index_B, n_groups = dense_group_index(group_B)
+    count_B = torch.zeros(n_groups, device=rewards_B.device).index_add_(0, index_B, valid_B.float())[index_B]
+    lo_B, hi_B = group_min_max(rewards_B, group_B, valid_B)
+    equal_B = (lo_B == hi_B) & (count_B > 1) & valid_B
+    return float(masked_mean(adv_BT.abs(), loss_mask_BT & equal_B[:, None]))
 
 
 def _assign_minibatches(group_B: torch.Tensor, minibatches: int, rng: torch.Generator | None) -> torch.Tensor:

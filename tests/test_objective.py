@@ -198,6 +198,24 @@ def test_zero_std_group_frac_leaves_nan_rewards_out():
     assert metrics["advantage/zero_std_group_frac"] == pytest.approx(2 / 3)
 
 
+@pytest.mark.parametrize("advantage, expected", [("grpo", 0.0), ("dr_grpo", 0.0), ("lite_ppo", 0.0),
+                                                 ("batch_norm", 0.5)])
+def test_equal_reward_groups_carry_advantage_only_under_a_batch_mean(advantage, expected):
+    """Groups [1, 1] (equal rewards) and [0, 1]. Group-centred advantages give the first group 0. Batch
+    normalisation: mean_B = 0.75, std_B (unbiased) = sqrt((3 · 0.25² + 0.75²) / 3) = sqrt(0.25) = 0.5, so both of
+    its responses get (1 − 0.75) / 0.5 = 0.5 on every token: mean |A| there 0.5 (eps 1e-6 moves the 7th digit)."""
+    batch = dataclasses.replace(_batch(B=4, G=2, empty_row=False), rewards_B=torch.tensor([1.0, 1.0, 0.0, 1.0]))
+    _, metrics = _objective(f"algorithm.advantage.name={advantage}").prepare(batch)
+    assert metrics["advantage/equal_reward_abs"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_equal_reward_abs_advantage_is_zero_without_equal_groups():
+    """No group of equal rewards selects no token: the metric is 0, not NaN."""
+    batch = dataclasses.replace(_batch(B=4, G=2, empty_row=False), rewards_B=torch.tensor([0.0, 1.0, 1.0, 0.0]))
+    _, metrics = _objective("algorithm.advantage.name=batch_norm").prepare(batch)
+    assert metrics["advantage/equal_reward_abs"] == 0.0
+
+
 def _two_rows(lengths=(1, 3), T=3):
     mask = torch.arange(T)[None] < torch.tensor(lengths)[:, None]
     B = len(lengths)

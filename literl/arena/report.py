@@ -55,12 +55,13 @@ TRAINING_PANELS = [
     Panel("groups/reward_std_mean", "reward std in groups", "std of reward"),
 ]
 FRACTION_OF_GROUPS = "fraction of groups"
-# What a std normalisation divides by (finding_c): groups of equal rewards carry no advantage either way; a small
-# nonzero std (graded rewards) is what dividing by it amplifies more than 10x.
+# What a std normalisation divides by (finding_c): equal rewards carry no advantage unless a batch mean centres them
+# (finding_f_skew, the last panel); a small nonzero std (graded rewards) is what dividing amplifies more than 10x.
 GROUP_STD_PANELS = [
     Panel("groups/zero_std_frac", "groups with reward std 0", FRACTION_OF_GROUPS),
     Panel("groups/small_std_frac", "groups with 0 < std < 0.1", FRACTION_OF_GROUPS),
     Panel("groups/reward_std_mean", "reward std in groups", "std of reward"),
+    Panel("advantage/equal_reward_abs", "|advantage| in equal-reward groups", "mean |A| per token"),
 ]
 REPETITION_PANELS = [
     Panel("repetition/truncated_repetitive_frac", "repetitive: all truncated", "fraction of truncated"),
@@ -406,11 +407,11 @@ def _diagnostics_section(records, variants, scenarios, styles, figures: Figures,
         "reward_std_by_tier": lambda: "".join([
             "<h3>Reward std within groups, by difficulty tier</h3><p class='note'>On easy data the within-group "
             "std falls fast, so dividing advantages by it amplifies small differences (§8.2.2). A group of equal "
-            "rewards (std 0) has no advantage either way; a small nonzero std (under 0.1: graded rewards, since "
-            "binary ones at G = 8 give 0 or at least 0.33) is what a std normalisation amplifies more than 10×. "
+            "rewards (std 0) has advantage 0 unless a batch mean centres it; a small nonzero std (under 0.1: graded, "
+            "since binary ones at G = 8 give 0 or ≥ 0.33) is what a std normalisation amplifies more than 10×. "
             "The table averages each run's steps, then the seeds.</p>",
             _mean_table(records, variants, scenarios, GROUP_STD_PANELS),
-            figure("group_std", GROUP_STD_PANELS, "groups/zero_std_frac, small_std_frac, reward_std_mean"),
+            figure("group_std", GROUP_STD_PANELS, "groups/*_std_*, advantage/equal_reward_abs"),
             figure("reward_std_by_tier", tiers, "groups/reward_std/<tier>")]),
         "is_decomposition": lambda: "".join([
             "<h3>Importance-weight decomposition</h3><p class='note'>π_θ/μ = [π_old/μ] (training–inference, "
