@@ -64,6 +64,7 @@ class RunComponents:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     evaluator: Callable
+    eval_engine: Callable[[], Any]          # the engine the held-out evaluation samples with (eval.policy)
     log: MetricsLog
     console: Console
     diagnostics: MechanismDiagnostics
@@ -241,7 +242,8 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
     return RunComponents(cfg=cfg, run_dir=run_dir, device=device, policy=policy, policy_forward=policy_forward,
                          tokenizer=tokenizer, reference=reference, engine=engine, learner=learner, objective=objective,
                          collector=collector,
-                         optimizer=optimizer, scheduler=scheduler, evaluator=evaluator, log=log, console=console,
+                         optimizer=optimizer, scheduler=scheduler, evaluator=evaluator,
+                         eval_engine=_eval_engine(cfg, engine, learner, tokenizer, pad_id), log=log, console=console,
                          diagnostics=diagnostics, lock=lock,
                          write_record=lambda: write_run_config(run_dir, cfg, inputs, engine))
 
@@ -296,6 +298,25 @@ def _quiet_hugging_face() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+
+
+def _eval_engine(cfg: Config, engine, learner, tokenizer, pad_id: int) -> Callable[[], Any]:
+    """The engine the held-out evaluation samples with. eval.policy=engine: the rollout engine, what is deployed (an
+    FP8, 4-bit or bfloat16 engine's rounded copy of the weights, a vLLM engine, Ray rollout workers).
+    eval.policy=trainer: literl's engine over the trainer's own weights (`learner.policy()`: the module itself in one
+    process, the driver's copy gathered from the ranks on a cluster), built at the first evaluation: no copy, no
+    rounding, so a comparison of training–inference corrections is scored on the policy they trained."""
+    if cfg.eval.policy == "engine":
+        return lambda: engine
+    built: list[HFEngine] = []
+
+    def trainer_engine() -> HFEngine:
+        policy = learner.policy()
+        if not built or built[0].model is not policy:
+            built[:] = [HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
+                                 decode=cfg.rollout.decode)]
+        return built[0]
+    return trainer_engine
 
 
 def _engine_options(cfg: Config, policy: torch.nn.Module, tokenizer, pad_id: int) -> dict:

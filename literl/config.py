@@ -352,6 +352,11 @@ class EvalConfig:
     limit: int | None = knob(200, "problems per benchmark (null: all)")
     max_new_tokens: int | None = knob(None, "null: rollout.max_new_tokens")
     before: bool = knob(True, "evaluate before the first step (the 'before' of the summary)")
+    policy: str = knob("engine", "which policy the held-out evaluation samples: engine (the rollout engine's, what "
+                                 "is deployed: with rollout.dtype=float8_e4m3/int4/bfloat16 its rounded copy) | "
+                                 "trainer (literl's engine over the trainer's own weights, at their precision): where "
+                                 "engine and trainer differ, the two can rank IS corrections differently "
+                                 "(docs/arena.md, finding g)")
 
 
 @dataclass

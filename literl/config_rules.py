@@ -37,6 +37,7 @@ CHOICES = {
     "model.profile": ("auto", "testbed", "real"),
     "algorithm.aggregation_normaliser": ("global", "local"),
     "data.overlong_prompts": ("skip", "error"),
+    "eval.policy": ("engine", "trainer"),
 }
 
 

@@ -255,7 +255,7 @@ class Trainer:
     def _evaluate(self, tag: str) -> None:
         p = self.parts
         # Evaluation seeds its own generators, so it never shifts the training random stream.
-        results = p.evaluator(p.engine, progress=p.console.sub_progress)
+        results = p.evaluator(p.eval_engine(), progress=p.console.sub_progress)
         self.eval_results[tag] = {"step": self.step, **results}
         p.log.log_eval(self.step, tag, results)
         p.console.note_eval(tag, self.step, results)

@@ -273,3 +273,41 @@ def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir,
     assert all(r["optim/grad_norm"] > 0 for r in replayed)
     a, b = _params(runs["replayed"]), _params(runs["computed"])
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
+
+
+def test_eval_policy_trainer_samples_the_trainers_weights_where_the_engine_rounds_its_own(tiny_qwen3_dir, tmp_path):
+    """rollout.dtype=int4: the rollout engine holds a 4-bit copy. eval.policy=engine (the default) evaluates with
+    that engine; eval.policy=trainer with literl's engine over the policy module itself, built once."""
+    from literl.components import build_components
+
+    for policy, expect_trainer in (("engine", False), ("trainer", True)):
+        cfg = load_config(preset="minirl", overrides=_overrides(tiny_qwen3_dir, tmp_path / policy, "rollout.dtype=int4",
+                                                                f"eval.policy={policy}"))
+        parts = build_components(cfg, reward_fns=[length_reward])
+        try:
+            assert parts.engine.model is not parts.policy
+            engine = parts.eval_engine()
+            if expect_trainer:
+                assert engine.model is parts.policy and engine.weights is None and parts.eval_engine() is engine
+            else:
+                assert engine is parts.engine
+        finally:
+            parts.release()
+
+
+def test_eval_policy_trainer_gives_the_engines_numbers_when_the_engine_is_the_policy(tiny_qwen3_dir, tmp_path):
+    """rollout.dtype=float32: the rollout engine samples from the policy module itself, so both settings evaluate
+    the same weights with the same seeds: identical held-out results at every evaluation."""
+    runs = {policy: _run(tiny_qwen3_dir, tmp_path / policy, "eval.every=1", f"eval.policy={policy}")
+            for policy in ("engine", "trainer")}
+    evals = {policy: [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+             for policy, run_dir in runs.items()}
+    assert len(evals["engine"]) == 3            # before, step 1, step 2
+    assert _comparable(evals["engine"]) == _comparable(evals["trainer"])
+
+
+def test_eval_policy_rejects_an_unknown_value():
+    from literl.registry import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.policy"):
+        load_config(overrides=["eval.policy=vllm"])
