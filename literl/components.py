@@ -311,10 +311,11 @@ def _eval_engine(cfg: Config, engine, learner, tokenizer, pad_id: int) -> Callab
     built: list[HFEngine] = []
 
     def trainer_engine() -> HFEngine:
+        # The same module at every call; on a cluster the driver's copy, gathered again after an update.
         policy = learner.policy()
-        if not built or built[0].model is not policy:
-            built[:] = [HFEngine(policy, eos_token_ids=eos_token_ids(policy, tokenizer), pad_id=pad_id,
-                                 decode=cfg.rollout.decode)]
+        if not built:       # no own dtype and no rounding: the engine samples from the module itself
+            built.append(HFEngine(policy, **{**_engine_options(cfg, policy, tokenizer, pad_id),
+                                             "dtype": None, "weights": None}))
         return built[0]
     return trainer_engine
 

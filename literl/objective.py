@@ -195,12 +195,14 @@ class Objective:
     @staticmethod
     def _batch_metrics(batch: RolloutBatch, adv_BT, mask_BT, loss_mask_BT) -> dict[str, float]:
         response_tokens = int(mask_BT.sum())
+        equal_group, judged_group, equal_rows_B = _equal_reward_groups(batch.rewards_B, batch.group_B)
         return {
             "advantage/mean": float(masked_mean(adv_BT, loss_mask_BT)),
             "advantage/std": float(masked_mean((adv_BT - masked_mean(adv_BT, loss_mask_BT)) ** 2, loss_mask_BT).sqrt()),
-            "advantage/zero_std_group_frac": _zero_std_group_frac(batch.rewards_B, batch.group_B),
-            "advantage/equal_reward_abs": _equal_reward_abs_advantage(batch.rewards_B, batch.group_B, adv_BT,
-                                                                      loss_mask_BT),
+            "advantage/zero_std_group_frac": float(equal_group.sum()) / max(int(judged_group.sum()), 1),
+            # Mean |A| on the rows of those groups: 0 under any group-centred advantage, |mean_g − mean_B| / std_B
+            # under a batch-centred one (`batch_norm`), the whole-group push of the LitePPO paper's §8.2.2.
+            "advantage/equal_reward_abs": float(masked_mean(adv_BT.abs(), loss_mask_BT & equal_rows_B[:, None])),
             "loss_mask/kept_token_frac": float(loss_mask_BT.sum()) / max(response_tokens, 1),
             "loss_mask/masked_seq_frac": float((~loss_mask_BT.any(-1) & mask_BT.any(-1)).float().mean())
             if len(batch) else 0.0,
@@ -318,35 +320,19 @@ class Objective:
                              "algorithm params (e.g. clip bounds, caps)")
 
 
-def _zero_std_group_frac(rewards_B: torch.Tensor, group_B: torch.Tensor) -> float:
-    """Share of the groups with ≥ 2 scorable rewards whose scorable rewards are all equal (A = 0 for them).
+def _equal_reward_groups(rewards_B: torch.Tensor, group_B: torch.Tensor):
+    """The groups whose scorable rewards are all equal (A = 0 for them under group centring), among those judged
+    (≥ 2 scorable rewards): (equal, judged) per group, and per row whether its reward is scorable and in such a group.
 
     NaN rewards are left out, as the advantages leave them out (algorithms.md §1); min = max is exact, where a
     std of equal floats can carry rounding noise.
     """
     valid_B = ~torch.isnan(rewards_B)
     index_B, n_groups = dense_group_index(group_B)
-    count = torch.zeros(n_groups, device=rewards_B.device).index_add_(0, index_B, valid_B.float())
+    judged = torch.zeros(n_groups, device=rewards_B.device).index_add_(0, index_B, valid_B.float()) > 1
     lo_B, hi_B = group_min_max(rewards_B, group_B, valid_B)
-    equal = torch.zeros(n_groups, dtype=torch.bool, device=rewards_B.device).index_put_((index_B,), lo_B == hi_B)
-    judged = count > 1
-    return float((equal & judged).sum()) / max(int(judged.sum()), 1)
-
-
-def _equal_reward_abs_advantage(rewards_B: torch.Tensor, group_B: torch.Tensor, adv_BT: torch.Tensor,
-                                loss_mask_BT: torch.Tensor) -> float:
-    """Mean |A| over the trained tokens of responses whose group's scorable rewards are all equal (0 if none).
-
-    Such a group says nothing about which of its responses was better: any group-centred advantage (GRPO,
-    Dr.GRPO, LitePPO) gives it 0, a batch-centred one (`batch_norm`) |mean_g − mean_B| / std_B on every token —
-    the whole-group push the LitePPO paper expects to destabilise training under skewed rewards (§8.2.2).
-    """
-    valid_B = ~torch.isnan(rewards_B)
-    index_B, n_groups = dense_group_index(group_B)
-    count_B = torch.zeros(n_groups, device=rewards_B.device).index_add_(0, index_B, valid_B.float())[index_B]
-    lo_B, hi_B = group_min_max(rewards_B, group_B, valid_B)
-    equal_B = (lo_B == hi_B) & (count_B > 1) & valid_B
-    return float(masked_mean(adv_BT.abs(), loss_mask_BT & equal_B[:, None]))
+    equal = judged & torch.zeros_like(judged).index_put_((index_B,), lo_B == hi_B)
+    return equal, judged, equal[index_B] & valid_B
 
 
 def _assign_minibatches(group_B: torch.Tensor, minibatches: int, rng: torch.Generator | None) -> torch.Tensor:
