@@ -1,12 +1,11 @@
 """report.html: one self-contained page (inline CSS, plots as embedded PNGs, no scripts, no external assets)
 for an ablation or for plain runs.
 
-Sections: setup; statistics (cells, paired comparisons with verdicts, per-run scores, missing runs);
-learning curves with seed bands (held-out accuracy, reward, entropy, response length, clip fractions,
-truncation rate, group reward std); mechanism diagnostics (clipped tokens, repetition of truncated
-responses, reward std by difficulty tier, IS-weight decomposition, training–inference mismatch and MoE route
-agreement, entropy). With an export folder the same figures are also written as PDF, SVG and PNG and the tables
-as CSV and LaTeX.
+Sections: setup; statistics (cells, paired comparisons with verdicts, per-run scores, missing runs); learning curves
+with seed bands (held-out accuracy, reward, entropy, response length, clip fractions, truncation rate, group reward
+std); mechanism diagnostics (clipped tokens, repetition of truncated responses, reward std by difficulty tier and the
+groups dynamic sampling kept, IS-weight decomposition, training–inference mismatch and MoE route agreement, entropy).
+With an export folder the figures are also written as PDF, SVG and PNG, the tables as CSV and LaTeX.
 """
 
 from __future__ import annotations
@@ -62,6 +61,7 @@ GROUP_STD_PANELS = [
     Panel("groups/small_std_frac", "groups with 0 < std < 0.1", FRACTION_OF_GROUPS),
     Panel("groups/reward_std_mean", "reward std in groups", "std of reward"),
     Panel("advantage/equal_reward_abs", "|advantage| in equal-reward groups", "mean |A| per token"),
+    Panel("collect/kept_group_frac", "sampled groups kept (dynamic sampling)", FRACTION_OF_GROUPS),
 ]
 REPETITION_PANELS = [
     Panel("repetition/truncated_repetitive_frac", "repetitive: all truncated", "fraction of truncated"),
@@ -408,8 +408,8 @@ def _diagnostics_section(records, variants, scenarios, styles, figures: Figures,
             "<h3>Reward std within groups, by difficulty tier</h3><p class='note'>On easy data the within-group "
             "std falls fast, so dividing advantages by it amplifies small differences (§8.2.2). A group of equal "
             "rewards (std 0) has advantage 0 unless a batch mean centres it; a small nonzero std (under 0.1: graded, "
-            "since binary ones at G = 8 give 0 or ≥ 0.33) is what a std normalisation amplifies more than 10×. "
-            "The table averages each run's steps, then the seeds.</p>",
+            "since binary ones at G = 8 give 0 or ≥ 0.33) is what a std normalisation amplifies more than 10×; "
+            "dynamic sampling drops some groups (§4.3: by correctness or by reward). Steps, then seeds, averaged.</p>",
             _mean_table(records, variants, scenarios, GROUP_STD_PANELS),
             figure("group_std", GROUP_STD_PANELS, "groups/*_std_*, advantage/equal_reward_abs"),
             figure("reward_std_by_tier", tiers, "groups/reward_std/<tier>")]),

@@ -105,25 +105,28 @@ def test_response_lengths_are_drawn_and_tabled_per_variant(tmp_path):
 
 
 def group_std(variant, seed, step):
-    """sequence: zero-std groups 0.1·step, small-std ones 0.5 (seed 1: 0.6), mean std 0.2; token: zero 0.0,
-    small 0.4, mean std 0.3."""
+    """sequence: zero-std groups 0.1·step, small-std ones 0.5 (seed 1: 0.6), mean std 0.2, dynamic sampling
+    keeping 1 − 0.1·step of the groups it sampled; token: zero 0.0, small 0.4, mean std 0.3, every group kept."""
     if variant == "sequence":
         return {"groups/zero_std_frac": 0.1 * step, "groups/small_std_frac": 0.5 + 0.1 * seed,
-                "groups/reward_std_mean": 0.2}
-    return {"groups/zero_std_frac": 0.0, "groups/small_std_frac": 0.4, "groups/reward_std_mean": 0.3}
+                "groups/reward_std_mean": 0.2, "collect/kept_group_frac": 1.0 - 0.1 * step}
+    return {"groups/zero_std_frac": 0.0, "groups/small_std_frac": 0.4, "groups/reward_std_mean": 0.3,
+            "collect/kept_group_frac": 1.0}
 
 
 def test_zero_and_small_group_std_are_tabled_per_variant(tmp_path):
     """The reward-std section tables each run's mean over steps: sequence's zero-std share (0.1 + ... + 0.4) / 4
-    = 0.25 on both seeds, small-std 0.5 and 0.6 by seed; token's 0, 0.4, mean std 0.3."""
+    = 0.25 on both seeds, small-std 0.5 and 0.6 by seed, kept groups (0.9 + ... + 0.6) / 4 = 0.75; token's 0, 0.4,
+    mean std 0.3, all kept (the groups dynamic sampling drops are the other half of what advantages see)."""
     make_runs(tmp_path, group_std)
     ablation.summarize_ablation(tmp_path)
     part = section((tmp_path / "report.html").read_text(), "Reward std within groups, by difficulty tier")
     header = part.split("<tr>")[1]
     assert [h.split("</code>")[0] for h in header.split("<code>")[1:]] == [
-        "groups/zero_std_frac", "groups/small_std_frac", "groups/reward_std_mean"]
-    assert table_cells(part, "sequence") == ["2", "0.25 [0.25, 0.25]", "0.55 [0.5, 0.6]", "0.2 [0.2, 0.2]"]
-    assert table_cells(part, "token") == ["2", "0 [0, 0]", "0.4 [0.4, 0.4]", "0.3 [0.3, 0.3]"]
+        "groups/zero_std_frac", "groups/small_std_frac", "groups/reward_std_mean", "collect/kept_group_frac"]
+    assert table_cells(part, "sequence") == ["2", "0.25 [0.25, 0.25]", "0.55 [0.5, 0.6]", "0.2 [0.2, 0.2]",
+                                             "0.75 [0.75, 0.75]"]
+    assert table_cells(part, "token") == ["2", "0 [0, 0]", "0.4 [0.4, 0.4]", "0.3 [0.3, 0.3]", "1 [1, 1]"]
 
 
 def drift(variant, seed, step):
