@@ -14,6 +14,8 @@ examples:
   literl ablate my_spec.yaml --jobs 2 --out runs/abl  # 2 runs at a time, threads split between them
   literl ablate clip_higher trainer.steps=10 --out /tmp/quick    # extra overrides for every run
   literl ablate advantage_norm --dry-run             # validate and print the runs without starting them
+  literl ablate finding_c --seeds 12-23              # the same spec on other seeds, into finding_c-seeds_12-23
+  literl ablate finding_e --variants lite_ppo,grpo   # leave an arm out (the baseline stays)
 
 Ctrl-C stops launching and lets running runs save a checkpoint; run the same command again to continue.
 The spec format is in docs/arena.md; `literl report OUT` rebuilds summary.json and report.html.
@@ -30,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads shared by the jobs (default: the CPUs this process may use); each run "
                              "gets threads // jobs")
+    parser.add_argument("--seeds", help="run these seeds instead of the spec's: '8-15', '0,1,2' or '0-3,8' (the "
+                                        "default --out then names them)")
+    parser.add_argument("--variants", help="run only these variants, comma-separated (the baseline must be one; the "
+                                           "default --out then names them)")
     parser.add_argument("--dry-run", action="store_true", help="validate the spec and print the runs, run nothing")
     parser.add_argument("--no-report", action="store_true", help="write summary.json but not report.html")
     parser.add_argument("--list", action="store_true", help="list the shipped specs and exit")
@@ -56,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     console = Console(stderr=True)
     try:
-        spec = load_spec(args.spec, extra_base=_with_import_flags(args))
-        out_dir = Path(args.out) if args.out else ablation.default_out_dir(spec)
+        spec = _narrowed(load_spec(args.spec, extra_base=_with_import_flags(args)), args)
+        out_dir = Path(args.out) if args.out else _default_out_dir(spec, args)
         runs = spec.plan(out_dir)
         steps = check_configs(spec, out_dir)
         if args.dry_run:
@@ -104,6 +110,28 @@ def _run_locked(args, spec, out_dir: Path, runs, steps, console) -> int:
     if outcome.interrupted:
         console.print("\\[arena] interrupted; rerun the same command to finish the missing runs.", highlight=False)
     return outcome.exit_code
+
+
+def _narrowed(spec, args: argparse.Namespace):
+    from literl.arena.spec import parse_seed_list
+
+    if args.seeds is None and args.variants is None:
+        return spec
+    variants = None if args.variants is None else [v.strip() for v in args.variants.split(",") if v.strip()]
+    return spec.narrowed(seeds=None if args.seeds is None else parse_seed_list(args.seeds), variants=variants)
+
+
+def _default_out_dir(spec, args: argparse.Namespace) -> Path:
+    """runs/ablations/<name>, and with --seeds/--variants a folder of its own (`<name>-seeds_8-15`), so that the
+    spec's own runs, summary and report are never replaced by a narrowed rerun's."""
+    from literl.arena import ablation
+
+    parts = [] if args.seeds is None else [f"seeds_{''.join(args.seeds.split()).replace(',', '+')}"]
+    if args.variants is not None:
+        parts.append("variants_" + "+".join(v.strip() for v in args.variants.split(",") if v.strip()))
+    suffix = "".join(f"-{part}" for part in parts)
+    out = ablation.default_out_dir(spec)
+    return out.with_name(out.name + suffix) if suffix else out
 
 
 def _count(items, noun: str) -> str:

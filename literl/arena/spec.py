@@ -32,7 +32,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,24 @@ class AblationSpec:
     @property
     def scenario_names(self) -> list[str]:
         return [s.name for s in self.scenarios]
+
+    def narrowed(self, *, seeds: list[int] | None = None, variants: list[str] | None = None) -> AblationSpec:
+        """This spec on other seeds or a subset of its variants (`literl ablate --seeds/--variants`): a finding
+        replicated on unseen seeds, or one arm left out, without editing the spec. Variants keep the spec's order;
+        the baseline must stay, since every other variant is compared with it."""
+        chosen = self.variants
+        if variants is not None:
+            unknown = [name for name in variants if name not in self.variant_names]
+            if unknown:
+                close = difflib.get_close_matches(unknown[0], self.variant_names, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ConfigError(f"--variants: '{unknown[0]}' is not a variant of spec {self.name}{hint}; its "
+                                  f"variants are {', '.join(self.variant_names)}")
+            if self.baseline not in variants:
+                raise ConfigError(f"--variants must keep the baseline '{self.baseline}': every other variant is "
+                                  f"compared with it (add it to the list)")
+            chosen = [v for v in self.variants if v.name in variants]
+        return replace(self, variants=chosen, seeds=list(seeds) if seeds is not None else self.seeds)
 
     def plan(self, out_dir: str | Path) -> list[PlannedRun]:
         """Every run, scenario-major then seed then variant, so that a partial ablation has whole pairs."""
@@ -273,6 +291,24 @@ def _seeds(raw: Any, source: str) -> list[int]:
         return list(raw)
     raise ConfigError(f"ablation spec {source}: seeds must be a count (3 → 0, 1, 2) or a list of integers, "
                       f"not {raw!r}")
+
+
+def parse_seed_list(text: str) -> list[int]:
+    """`--seeds` on the command line: comma-separated seeds and inclusive ranges, e.g. '8-15', '0,1,2', '0-3,8'."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        low, dash, high = part.partition("-")
+        try:
+            bounds = (int(low), int(high)) if dash else (int(part), int(part))
+        except ValueError:
+            raise ConfigError(f"--seeds '{text}': '{part}' is not a seed or a range of seeds (e.g. 8-15 or "
+                              "0,1,2)") from None
+        if bounds[0] < 0 or bounds[1] < bounds[0]:
+            raise ConfigError(f"--seeds '{text}': '{part}' must be a seed ≥ 0 or a range low-high with low ≤ high")
+        seeds.extend(range(bounds[0], bounds[1] + 1))
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds '{text}' repeats a seed")
+    return seeds
 
 
 def _key(override: str) -> str:

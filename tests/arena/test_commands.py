@@ -33,7 +33,36 @@ def test_dry_run_validates_and_prints_every_run(capsys, tmp_path):
     assert not (tmp_path / "o").exists(), "a dry run writes nothing"
 
 
+def test_seeds_and_variants_narrow_a_spec_into_a_folder_of_their_own(capsys):
+    """finding_e_score has 3 variants × 8 seeds (8-15); --seeds 0,2-3 --variants dapo_score,lite_ppo leaves 2 × 3 =
+    6 runs, variants in the spec's order (lite_ppo first), under runs/ablations/finding_e_score-seeds_0+2-3-
+    variants_dapo_score+lite_ppo, so the spec's own folder and summary are left alone."""
+    assert main(["ablate", "finding_e_score", "--seeds", "0,2-3", "--variants", "dapo_score,lite_ppo",
+                 "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines[:-1]] == [
+        f"{v}/default/seed_{s}" for s in (0, 2, 3) for v in ("lite_ppo", "dapo_score")]
+    assert lines[-1].startswith("6 runs")
+    folder = "runs/ablations/finding_e_score-seeds_0+2-3-variants_dapo_score+lite_ppo/"
+    assert all(f"trainer.output_dir={folder}" in line for line in lines[:-1])
+
+
+def test_seed_lists_read_ranges_and_refuse_what_is_not_one():
+    """'8-15' is 8 seeds, both ends included; '0,2-3' is 0, 2, 3; a reversed range, a word or a repeat is refused."""
+    from literl.arena.spec import parse_seed_list
+    from literl.registry import ConfigError
+
+    assert parse_seed_list("8-15") == list(range(8, 16))
+    assert parse_seed_list("0, 2-3") == [0, 2, 3]
+    for bad, message in [("3-1", "low ≤ high"), ("x", "is not a seed"), ("1,0-2", "repeats a seed"), ("", "not a")]:
+        with pytest.raises(ConfigError, match=message):
+            parse_seed_list(bad)
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["ablate", "finding_e_score", "--variants", "dapo", "--dry-run"], "must keep the baseline 'lite_ppo'"),
+    (["ablate", "finding_e_score", "--variants", "lite_ppo,dapo_scor", "--dry-run"], "did you mean 'dapo_score'"),
+    (["ablate", "finding_e_score", "--seeds", "4-2", "--dry-run"], "low ≤ high"),
     (["ablate", "no_such_spec"], "neither a file nor a shipped spec"),
     (["ablate", "advantage_norm", "trainer.stepz=3", "--dry-run"], "does not load as a config"),
     (["ablate", "advantage_norm", "seed=3"], "which the runner sets"),
