@@ -411,7 +411,7 @@ def _diagnostics_section(records, variants, scenarios, styles, figures: Figures,
             "since binary ones at G = 8 give 0 or ≥ 0.33) is what a std normalisation amplifies more than 10×; "
             "dynamic sampling drops some groups (§4.3: by correctness or by reward). Steps, then seeds, averaged.</p>",
             _mean_table(records, variants, scenarios, GROUP_STD_PANELS),
-            figure("group_std", GROUP_STD_PANELS, "groups/*_std_*, advantage/equal_reward_abs"),
+            figure("group_std", GROUP_STD_PANELS, "groups/*_std_*, advantage/equal_reward_abs, collect/kept_*"),
             figure("reward_std_by_tier", tiers, "groups/reward_std/<tier>")]),
         "is_decomposition": lambda: "".join([
             "<h3>Importance-weight decomposition</h3><p class='note'>π_θ/μ = [π_old/μ] (training–inference, "
