@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads shared by the jobs (default: the CPUs this process may use); each run "
                              "gets threads // jobs")
-    parser.add_argument("--seeds", help="run these seeds instead of the spec's: '8-15', '0,1,2' or '0-3,8' (the "
-                                        "default --out then names them)")
+    parser.add_argument("--seeds", help="run these seeds instead of the spec's: '8-15', '0,1,2' or '0-3,8' ('7' is "
+                                        "seed 7 alone, not a count; the default --out then names them)")
     parser.add_argument("--variants", help="run only these variants, comma-separated (the baseline must be one; the "
                                            "default --out then names them)")
     parser.add_argument("--dry-run", action="store_true", help="validate the spec and print the runs, run nothing")
