@@ -112,13 +112,17 @@ def _run_locked(args, spec, out_dir: Path, runs, steps, console) -> int:
     return outcome.exit_code
 
 
+def _listed_variants(args: argparse.Namespace) -> list[str] | None:
+    return None if args.variants is None else [v.strip() for v in args.variants.split(",") if v.strip()]
+
+
 def _narrowed(spec, args: argparse.Namespace):
     from literl.arena.spec import parse_seed_list
 
     if args.seeds is None and args.variants is None:
         return spec
-    variants = None if args.variants is None else [v.strip() for v in args.variants.split(",") if v.strip()]
-    return spec.narrowed(seeds=None if args.seeds is None else parse_seed_list(args.seeds), variants=variants)
+    return spec.narrowed(seeds=None if args.seeds is None else parse_seed_list(args.seeds),
+                         variants=_listed_variants(args))
 
 
 def _default_out_dir(spec, args: argparse.Namespace) -> Path:
@@ -128,7 +132,7 @@ def _default_out_dir(spec, args: argparse.Namespace) -> Path:
 
     parts = [] if args.seeds is None else [f"seeds_{''.join(args.seeds.split()).replace(',', '+')}"]
     if args.variants is not None:
-        parts.append("variants_" + "+".join(v.strip() for v in args.variants.split(",") if v.strip()))
+        parts.append("variants_" + "+".join(_listed_variants(args)))
     suffix = "".join(f"-{part}" for part in parts)
     out = ablation.default_out_dir(spec)
     return out.with_name(out.name + suffix) if suffix else out
