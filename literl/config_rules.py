@@ -101,6 +101,19 @@ def _check_finite(node, prefix: str = "") -> None:
         _check_finite(value, f"{prefix}.{key}" if prefix else str(key))
 
 
+def _warn_band_off_the_reward_scale(algo) -> None:
+    """ROLL's mean filter band (0, 1) is for a {0, 1} reward; the filter sees the reward after `rescale`."""
+    params = algo.group_filter.params
+    rescale = algo.reward_shaping.get("rescale")
+    if algo.group_filter.name != "mean_in_band" or params.get("metric", "reward") != "reward" or rescale is None:
+        return
+    low, high = rescale.get("low", 0.0), rescale.get("high", 1.0)
+    if (params.get("low", 0.0), params.get("high", 1.0)) == (0.0, 1.0) and (low, high) != (0.0, 1.0):
+        warnings.warn(f"mean_in_band's band (0, 1) is ROLL's for a {{0, 1}} reward, but reward_shaping.rescale maps "
+                      f"the reward onto {{{low}, {high}}} before the filter: set algorithm.group_filter.params.low="
+                      f"{low} and high={high} for the same rule (algorithms.md §4.3)")
+
+
 def validate(cfg: Config) -> None:
     """Every rule about which values and tricks work together, in one function."""
     from literl.plugins import import_user_modules, load_entry_points
@@ -242,5 +255,6 @@ def validate(cfg: Config) -> None:
     if algo.group_filter.name != "keep_all" and r.max_rounds == 1:
         warnings.warn("a group filter with rollout.max_rounds=1 drops groups without refilling the batch; "
                       "set rollout.max_rounds>1 to resample (DAPO dynamic sampling)")
+    _warn_band_off_the_reward_scale(algo)
     if algo.kl_in_reward and algo.kl_coef == 0:
         warnings.warn("algorithm.kl_in_reward=true has no effect while algorithm.kl_coef=0")

@@ -322,3 +322,16 @@ def test_covariance_losses_warn_without_token_mean_and_not_with_it(name):
         warnings.simplefilter("error")
         load_config(overrides=[f"algorithm.policy_loss.name={name}", "algorithm.aggregation.name=token_mean",
                                "trainer.minibatches=2"])
+
+
+def test_mean_in_band_warns_when_rolls_band_meets_a_rescaled_reward():
+    """dapo rescales the reward to ±1 before the filter: ROLL's (0, 1) there drops every group with a wrong
+    majority (finding_e_roll's first probe kept 1-4%); the translated (-1, 1) loads silently."""
+    with pytest.warns(UserWarning, match=r"set algorithm.group_filter.params.low=-1.0 and high=1.0"):
+        load_config(preset="dapo", overrides=["algorithm.group_filter.name=mean_in_band",
+                                              "algorithm.group_filter.params={metric: reward}"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(preset="dapo", overrides=["algorithm.group_filter.name=mean_in_band",
+                                              "algorithm.group_filter.params={low: -1.0, high: 1.0}"])
+        load_config(overrides=["algorithm.group_filter.name=mean_in_band", "rollout.max_rounds=3"])
