@@ -75,12 +75,16 @@ def test_mean_in_band_hand():
 
 
 def test_group_filters_refuse_parameters_that_cannot_filter():
-    """A negative min_std, a band with low ≥ high and an unknown metric are errors that name the fix."""
+    """A negative min_std and a band with low ≥ high are refused when the config loads (the registry's ranges);
+    an unknown metric when the filter runs. Each message names the parameter and its valid range."""
     import pytest
-    with pytest.raises(ValueError, match="min_std must be >= 0"):
-        GROUP_FILTERS.build("nonzero_reward_std", {"min_std": -0.1})(CORRECT, CORRECT.float(), GROUPS)
-    with pytest.raises(ValueError, match="low must be below high"):
-        GROUP_FILTERS.build("mean_in_band", {"low": 1.0, "high": 1.0})(CORRECT, CORRECT.float(), GROUPS)
+    from literl.config_loader import ConfigError, load_config
+    with pytest.raises(ConfigError, match=r"min_std=-0.1 must be >= 0"):
+        load_config(overrides=["algorithm.group_filter.name=nonzero_reward_std", "rollout.max_rounds=3",
+                               "algorithm.group_filter.params.min_std=-0.1"])
+    with pytest.raises(ConfigError, match=r"low=1.0 must be < high=1.0"):
+        load_config(overrides=["algorithm.group_filter.name=mean_in_band", "rollout.max_rounds=3",
+                               "algorithm.group_filter.params={low: 1.0, high: 1.0}"])
     with pytest.raises(ValueError, match="metric must be 'correct' or 'reward'"):
         GROUP_FILTERS.build("mean_in_band", {"metric": "score"})(CORRECT, CORRECT.float(), GROUPS)
 
