@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from literl.config_loader import ConfigError, load_config
 from literl.tricks import GROUP_FILTERS
 
 CORRECT = torch.tensor([1, 1, 0, 1, 0, 0, 1], dtype=torch.bool)
@@ -77,8 +79,6 @@ def test_mean_in_band_hand():
 def test_group_filters_refuse_parameters_that_cannot_filter():
     """A negative min_std and a band with low ≥ high are refused when the config loads (the registry's ranges);
     an unknown metric when the filter runs. Each message names the parameter and its valid range."""
-    import pytest
-    from literl.config_loader import ConfigError, load_config
     with pytest.raises(ConfigError, match=r"min_std=-0.1 must be >= 0"):
         load_config(overrides=["algorithm.group_filter.name=nonzero_reward_std", "rollout.max_rounds=3",
                                "algorithm.group_filter.params.min_std=-0.1"])
