@@ -103,12 +103,14 @@ def _check_finite(node, prefix: str = "") -> None:
 
 def _warn_band_off_the_reward_scale(algo) -> None:
     """ROLL's mean filter band (0, 1) is for a {0, 1} reward; the filter sees the reward after `rescale`."""
-    params = algo.group_filter.params
-    rescale = algo.reward_shaping.get("rescale")
-    if algo.group_filter.name != "mean_in_band" or params.get("metric", "reward") != "reward" or rescale is None:
+    from literl.tricks import GROUP_FILTERS, REWARD_SHAPING
+
+    if algo.group_filter.name != "mean_in_band" or "rescale" not in algo.reward_shaping:
         return
-    low, high = rescale.get("low", 0.0), rescale.get("high", 1.0)
-    if (params.get("low", 0.0), params.get("high", 1.0)) == (0.0, 1.0) and (low, high) != (0.0, 1.0):
+    band = {**GROUP_FILTERS.params_of("mean_in_band"), **algo.group_filter.params}
+    scale = {**REWARD_SHAPING.params_of("rescale"), **algo.reward_shaping["rescale"]}
+    low, high = scale["low"], scale["high"]
+    if band["metric"] == "reward" and (band["low"], band["high"]) == (0.0, 1.0) and (low, high) != (0.0, 1.0):
         warnings.warn(f"mean_in_band's band (0, 1) is ROLL's for a {{0, 1}} reward, but reward_shaping.rescale maps "
                       f"the reward onto {{{low}, {high}}} before the filter: set algorithm.group_filter.params.low="
                       f"{low} and high={high} for the same rule (algorithms.md §4.3)")
