@@ -33,10 +33,10 @@ def _one(args) -> dict:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    import literl.model.prompts as prompts_module
-    import literl.rollout.hf_engine as engine_module
+    import literl.model.prompt_pass as prompts_module
+    import literl.rollout.native_engine as engine_module
     from literl.model.compiled import compile_seconds
-    from literl.rollout.generator import SamplingParams
+    from literl.rollout.engine import SamplingParams
 
     torch.set_num_threads(args.threads)
     by_layer = args.form == "by_layer"
@@ -46,7 +46,7 @@ def _one(args) -> dict:
                          num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
                          intermediate_size=args.ffn, max_position_embeddings=4096, tie_word_embeddings=True)
     model = Qwen3ForCausalLM(config).to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
-    engine = engine_module.HFEngine(model, eos_token_ids=[1], pad_id=0, decode="fixed", compile=True)
+    engine = engine_module.NativeEngine(model, eos_token_ids=[1], pad_id=0, decode="fixed", compile=True)
     prompts = [[3 + (i * 7 + j) % 90 for j in range(5 + i % 4)] for i in range(8)]
     start = time.perf_counter()
     engine.generate(prompts, SamplingParams(max_new_tokens=8), rng=torch.Generator().manual_seed(0))

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import workload  # noqa: E402
-from literl.model.prompts import distinct_prompts, prefill  # noqa: E402
-from literl.rollout.generator import SamplingParams  # noqa: E402
-from literl.rollout.hf_engine import HFEngine  # noqa: E402
+from literl.model.prompt_pass import distinct_prompts, prefill  # noqa: E402
+from literl.rollout.engine import SamplingParams  # noqa: E402
+from literl.rollout.native_engine import NativeEngine  # noqa: E402
 from literl.rollout.sampling import sample_next_token  # noqa: E402
 from transformers.cache_utils import DynamicCache  # noqa: E402
 
@@ -81,7 +81,7 @@ def _engine(variant: str, model, eos: list[int], pad_id: int, dtype):
         return ReferenceEngine(model, eos_token_ids=eos, pad_id=pad_id)
     decode = {"auto": "auto", "static": "static", "fixed": "fixed", "dynamic": "dynamic", "compiled": "static",
               "fixed-compiled": "fixed"}[variant]
-    return HFEngine(model, eos_token_ids=eos, pad_id=pad_id, dtype=dtype, decode=decode,
+    return NativeEngine(model, eos_token_ids=eos, pad_id=pad_id, dtype=dtype, decode=decode,
                     compile=variant.endswith("compiled"))
 
 

@@ -1,6 +1,6 @@
 """literl: reinforcement learning for language models on verifiable reasoning tasks.
 
-Every RL trick is one switch (see `literl.tricks` and `literl config --explain`), and the arena
+Every RL trick is one switch (see `literl.algorithm.tricks` and `literl config --explain`), and the arena
 (`literl ablate`) tests tricks fairly over seeds and scenarios. Python API:
 
     import literl
@@ -9,11 +9,14 @@ Every RL trick is one switch (see `literl.tricks` and `literl config --explain`)
     literl.math_reward(r"... \\boxed{42}", "42")      # 1.0
 """
 
-from literl.config import Config, TrickSpec, trick
-from literl.config_loader import load_config, preset_names
-from literl.registry import ConfigError
+from literl import _moved
+from literl.config.schema import Config, TrickSpec, trick
+from literl.config.load import load_config, preset_names
+from literl.config.errors import ConfigError
 
 __version__ = "0.1.0"
+
+_moved.install()        # import paths from before the package layout keep working (literl/_moved.py)
 
 
 def math_reward(response: str, gold: str) -> float:
@@ -24,8 +27,8 @@ def math_reward(response: str, gold: str) -> float:
 
 
 def train(config: Config | None = None, **kwargs):
-    """Train and return the run directory; see `literl.training.api.train` for the arguments."""
-    from literl.training.api import train as _train
+    """Train and return the run directory; see `literl.assembly.api.train` for the arguments."""
+    from literl.assembly.api import train as _train
 
     return _train(config, **kwargs)
 

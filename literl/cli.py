@@ -12,13 +12,13 @@ import importlib
 import sys
 
 COMMANDS = {
-    "train": ("literl.training.command", "Train with RL (default: the embedded testbed with the lite_ppo preset)."),
-    "eval": ("literl.evaluation.command", "Evaluate a model on math benchmarks: avg@k, pass@k, maj@k."),
-    "difficulty": ("literl.evaluation.difficulty", "Split a problem set into Easy/Medium/Hard by k-sample solve counts."),
-    "ablate": ("literl.arena.command", "Run an ablation spec (variants × scenarios × seeds) with statistics and a report."),
-    "report": ("literl.arena.report_command", "Build report.html from run or ablation directories."),
-    "presets": ("literl.config_command", "List the algorithm presets, one line each."),
-    "config": ("literl.config_command", "Print the resolved config, or explain every key (--explain)."),
+    "train": ("literl.commands.train_command", "Train with RL (default: the embedded testbed with the lite_ppo preset)."),
+    "eval": ("literl.commands.eval_command", "Evaluate a model on math benchmarks: avg@k, pass@k, maj@k."),
+    "difficulty": ("literl.commands.difficulty_command", "Split a problem set into Easy/Medium/Hard by k-sample solve counts."),
+    "ablate": ("literl.commands.ablate_command", "Run an ablation spec (variants × scenarios × seeds) with statistics and a report."),
+    "report": ("literl.commands.report_command", "Build report.html from run or ablation directories."),
+    "presets": ("literl.commands.config_command", "List the algorithm presets, one line each."),
+    "config": ("literl.commands.config_command", "Print the resolved config, or explain every key (--explain)."),
 }
 
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         # A bad input that a command forgot to catch still gets its message and fix, not a traceback; so does a
         # vLLM engine that died, hung or could not start (its message quotes its log and says what was saved).
-        from literl.registry import ConfigError
+        from literl.config.errors import ConfigError
         from literl.rollout.vllm_process import VllmEngineError
 
         if not isinstance(err, (ConfigError, VllmEngineError)):

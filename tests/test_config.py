@@ -6,9 +6,9 @@ import warnings
 
 import pytest
 
-from literl.config_loader import (HF_MODEL_LR, TESTBED_LR, explain, from_yaml_file, load_config, preset_names,
+from literl.config.load import (HF_MODEL_LR, TESTBED_LR, explain, from_yaml_file, load_config, preset_names,
                                   preset_summary, resolve, to_yaml)
-from literl.registry import ConfigError
+from literl.config.errors import ConfigError
 
 PRESETS = ["cispo", "dapo", "dr_grpo", "gmpo", "grpo", "gspo", "lite_ppo", "minirl", "reinforce_pp", "sapo"]
 
@@ -91,7 +91,7 @@ def test_bad_param_value_fails_before_the_run_starts(tmp_path, capsys):
     thing a run does, before its model loads (here a path that does not exist, never reached) — and by
     `literl config`, not at step 300."""
     from literl.cli import main
-    from literl.objective import Objective
+    from literl.algorithm.objective import Objective
 
     bad = ["algorithm.reward_shaping.soft_overlong.cache_length=100", "rollout.max_new_tokens=64"]
     with pytest.raises((ConfigError, ValueError)):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from literl.tricks import ALL
+from literl.algorithm.tricks import ALL
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "algorithms.md"

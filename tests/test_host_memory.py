@@ -1,4 +1,4 @@
-"""`literl.host_memory`: with the thresholds raised, a step's freed blocks serve the next step without page
+"""`literl.run.host_memory`: with the thresholds raised, a step's freed blocks serve the next step without page
 faults. Each case runs in a fresh interpreter: the setting is process-wide and cannot be undone."""
 
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from literl.host_memory import _glibc
+from literl.run.host_memory import _glibc
 
 pytestmark = pytest.mark.skipif(_glibc() is None, reason="glibc's malloc only")
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(_glibc() is None, reason="glibc's malloc only")
 _STEPS = """
 import resource, sys, torch
 if sys.argv[1] == "retain":
-    from literl.host_memory import retain_freed_host_memory
+    from literl.run.host_memory import retain_freed_host_memory
     assert retain_freed_host_memory()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

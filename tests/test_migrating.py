@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from literl.config import Config
-from literl.config_loader import load_config
+from literl.config.schema import Config
+from literl.config.load import load_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "migrating.md"
 SECTIONS = [f.name for f in dataclasses.fields(Config)]

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from literl.batch import RolloutBatch
-from literl.config_loader import load_config
-from literl.objective import Objective
-from literl.tricks import AGGREGATIONS
+from literl.algorithm.batch import RolloutBatch
+from literl.config.load import load_config
+from literl.algorithm.objective import Objective
+from literl.algorithm.tricks import AGGREGATIONS
 
 
 def _batch(B=8, T=6, G=4, seed=0, empty_row=True):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from literl.cli import main
-from literl.config_loader import from_yaml_file, load_config, resolve
+from literl.config.load import from_yaml_file, load_config, resolve
 from literl.data.prompts import INSTRUCTION
-from literl.profiles import REAL_BENCHMARKS, response_budget, REAL
+from literl.config.profiles import REAL_BENCHMARKS, response_budget, REAL
 
 
 def _resolved(*overrides, **kwargs):
@@ -79,7 +79,7 @@ def test_train_takes_model_data_and_data_dir_flags(tiny_qwen3_dir, tmp_path, cap
 
 def test_the_context_of_a_model_object_or_folder(tiny_qwen3_dir, tmp_path):
     """literl.train(cfg, model=...) passes a module or a folder: both tell their 256 positions."""
-    from literl.profiles import model_context
+    from literl.config.profiles import model_context
     from tests.conftest import build_tiny_qwen3
 
     assert model_context(build_tiny_qwen3()) == 256 == model_context(tiny_qwen3_dir) == model_context(str(tiny_qwen3_dir))

@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "literl"
 # What a trick module may import besides the standard library (style.md §3.9).
-TRICK_IMPORTS = {"literl.tricks", "literl.ops", "literl.registry", "torch"}
+TRICK_IMPORTS = {"literl.algorithm.tricks", "literl.algorithm.ops", "literl.algorithm.registry", "torch"}
 MAX_LINES = 500
 
 
@@ -114,7 +114,7 @@ def test_layers_import_one_way(lower, upper):
 def test_tricks_import_only_torch_ops_and_the_registry():
     offenders = {}
     for name, path in MODULES.items():
-        if not name.startswith("literl.tricks"):
+        if not name.startswith("literl.algorithm.tricks"):
             continue
         bad = sorted(imported for imported in _imported(path)
                      if imported.split(".")[0] in ("literl", "torch", "numpy", "transformers")

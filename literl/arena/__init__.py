@@ -11,6 +11,6 @@
     ablation.py        an ablation's output folder (plan.json, summary.json, report.html)
     command.py, report_command.py   `literl ablate` and `literl report`
 
-The arena never imports `literl.tricks`: an ablation is config only (style.md §3.6). docs/arena.md has the
+The arena never imports `literl.algorithm.tricks`: an ablation is config only (style.md §3.6). docs/arena.md has the
 spec format, the statistics and the shipped specs.
 """

@@ -20,7 +20,7 @@ from literl.arena.runs import is_run_directory, load_run
 from literl.arena.spec import AblationSpec, PlannedRun
 from literl.arena.summary import summarize
 from literl.data.files import write_json_atomic
-from literl.registry import ConfigError
+from literl.config.errors import ConfigError
 
 PLAN_FILE, SUMMARY_FILE, REPORT_FILE = "plan.json", "summary.json", "report.html"
 

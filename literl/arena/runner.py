@@ -12,7 +12,7 @@
   itself dies.
 * A failed run is reported with its log and the others continue.
 
-The runner never imports `literl.tricks`: a run is its command line.
+The runner never imports `literl.algorithm.tricks`: a run is its command line.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from rich.markup import escape
 from literl.arena.runs import METRICS_FILE, checkpoint_step, is_finished
 from literl.arena.spec import PlannedRun
 from literl.arena.summary import LOG_NAME
-from literl.provenance import available_cpus
+from literl.run.provenance import available_cpus
 
 POLL_SECONDS = 0.2
 INTERRUPTED_EXIT = 130

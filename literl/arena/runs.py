@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from literl.training.metrics import read_metrics
+from literl.run.metrics_log import read_metrics
 
 EVAL_FILE, METRICS_FILE = "eval.jsonl", "metrics.jsonl"
 SUMMARY_FILE, DIAGNOSTICS_FILE, CONFIG_FILE = "summary.json", "diagnostics.json", "config.yaml"
@@ -25,7 +25,7 @@ def is_finished(run_dir: str | Path) -> bool:
 def checkpoint_step(run_dir: Path) -> int | None:
     """The step of the newest complete checkpoint (`checkpoints/latest` names it), or None.
 
-    As for the trainer's resume (literl/training/checkpoint.py), `latest` counts only when it names a step_<n>
+    As for the trainer's resume (literl/run/checkpoint.py), `latest` counts only when it names a step_<n>
     folder of the run; otherwise the newest such folder does (a damaged pointer must not make the runner
     think the run has no checkpoint and clear it).
     """

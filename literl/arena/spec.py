@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from literl.registry import ConfigError
+from literl.config.errors import ConfigError
 
 SPEC_KEYS = ("name", "description", "paper_finding", "preset", "base", "baseline", "variants", "scenarios",
              "seeds", "metric", "metric_source", "mechanism")
@@ -342,8 +342,8 @@ def check_configs(spec: AblationSpec, out_dir: str | Path = "runs/ablation-check
     Seeds only change `seed=`, so the first seed stands for all of them. Returns each pair's trainer.steps
     (the unit of the runner's progress bar).
     """
-    from literl.config_loader import load_config
-    from literl.objective import Objective
+    from literl.config.load import load_config
+    from literl.algorithm.objective import Objective
 
     steps: dict[tuple[str, str], int] = {}
     for run in spec.plan(out_dir):

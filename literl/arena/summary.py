@@ -68,7 +68,7 @@ def summarize(records: Sequence[RunRecord], *, metric: str, variants: Sequence[s
 
 def sampling_se_curve(record: RunRecord, metric: str) -> dict | None:
     """{steps, values, se} of the run's evaluations of `metric` with the response-sampling standard error each
-    logged (`<metric>_sampling_se`, from `eval.samples` >= 2; literl.evaluation.metrics.sampling_standard_error);
+    logged (`<metric>_sampling_se`, from `eval.samples` >= 2; literl.evaluation.sample_metrics.sampling_standard_error);
     None when any evaluation lacks it (runs from before it was logged, or K = 1)."""
     steps, values = record.eval_curve(metric)
     se_steps, se = record.eval_curve(f"{metric}_sampling_se")

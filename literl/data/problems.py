@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 
 from literl.data.benchmarks import benchmark_names, get_benchmark
 from literl.data.files import ROW_FILE_SUFFIXES, read_rows
-from literl.terminal_text import printable
+from literl.data.terminal_text import printable
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 NORMALISED = ("id", "problem", "answer")      # the keys every record has

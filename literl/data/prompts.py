@@ -63,7 +63,7 @@ def render_prompt_text(problem: str, tokenizer: Any, template: str, *, system_pr
 
 
 def render_prompt(problem: str, tokenizer: Any, template: str, **options) -> list[int]:
-    """The prompt as token ids, ready for `Generator.generate`; `options` as for `render_prompt_text`."""
+    """The prompt as token ids, ready for `Engine.generate`; `options` as for `render_prompt_text`."""
     text = render_prompt_text(problem, tokenizer, template, **options)
     # A chat template already wrote its special tokens; adding them again would double the BOS.
     add_special = resolve_template(template, tokenizer) != "chat"

@@ -1,8 +1,8 @@
-"""Scale-out on a Ray cluster: rollout workers behind the `Generator` protocol, FSDP2 trainer ranks behind the
+"""Scale-out on a Ray cluster: rollout workers behind the `Engine` protocol, FSDP2 trainer ranks behind the
 `Learner` protocol, weight sync between them. The only package that imports `ray` (lazily: a single-process run
-never needs it). `start_cluster` is what `literl.components` calls when `cluster.address` is set.
+never needs it). `start_cluster` is what `literl.assembly.components` calls when `cluster.address` is set.
 
-    driver (the trainer's loop)        ── prompts ──► RolloutWorker × W    (HFEngine on a policy copy)
+    driver (the trainer's loop)        ── prompts ──► RolloutWorker × W    (NativeEngine on a policy copy)
       Collector, Objective.prepare     ◄─ samples ──
       metrics, checkpoints             ── batch ───► TrainerRank × R      (FSDP2 shards, one process group)
                                        ◄─ metrics ──
@@ -20,9 +20,9 @@ __all__ = ["ClusterError", "INSTALL", "connect", "start_cluster"]
 
 def start_cluster(cfg, *, policy, reference, objective, engine_options: dict, run_dir: Path, console=None):
     """Connect to (or start) the Ray cluster of `cfg.cluster` and start its actors; returns (engine, learner):
-    a `RayRolloutGenerator` and a `RayLearner`. Both start from `policy`'s (and `reference`'s) current weights."""
+    a `RayRolloutEngine` and a `RayLearner`. Both start from `policy`'s (and `reference`'s) current weights."""
     from literl.distributed.learner import RayLearner
-    from literl.distributed.rollout import RayRolloutGenerator
+    from literl.distributed.rollout import RayRolloutEngine
 
     c = cfg.cluster
     ray = connect(c)
@@ -30,7 +30,7 @@ def start_cluster(cfg, *, policy, reference, objective, engine_options: dict, ru
         console.note(f"Ray cluster at {c.address}: {c.trainer_ranks} trainer rank(s), {c.rollout_workers} rollout "
                      f"worker(s), {c.cpus_per_worker:g} CPU / {c.gpus_per_worker:g} GPU each")
     policy = policy.cpu()
-    engine = RayRolloutGenerator(ray, cfg, policy=policy, engine_options=engine_options)
+    engine = RayRolloutEngine(ray, cfg, policy=policy, engine_options=engine_options)
     try:
         learner = RayLearner(ray, cfg, policy=policy, reference=None if reference is None else reference.cpu(),
                              objective=objective, run_dir=run_dir)

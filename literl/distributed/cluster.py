@@ -14,7 +14,7 @@ import socket
 import warnings
 from typing import Any
 
-from literl.provenance import available_cpus
+from literl.run.provenance import available_cpus
 
 INSTALL = "pip install 'literl[ray]'"
 

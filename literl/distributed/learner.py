@@ -15,13 +15,13 @@ import torch
 from literl.distributed.cluster import (ClusterError, actor_options, kill_actors, started, threads_for,
                                         wait_all)
 from literl.distributed.trainer_rank import TrainerRank
-from literl.metric_reduction import MetricAccumulator
+from literl.algorithm.metric_reduction import MetricAccumulator
 from literl.model.capabilities import cluster_micro_batch_tokens
-from literl.ops import Ratio
+from literl.algorithm.ops import Ratio
 
 
 class RankWeights:
-    """What `RayRolloutGenerator.sync_weights` receives from a `RayLearner`: the ranks that hold the weights."""
+    """What `RayRolloutEngine.sync_weights` receives from a `RayLearner`: the ranks that hold the weights."""
 
     def __init__(self, learner: "RayLearner"):
         self.learner = learner

@@ -1,6 +1,6 @@
-"""`RayRolloutGenerator`: the `Generator` protocol (literl.rollout.generator) over rollout workers on Ray.
+"""`RayRolloutEngine`: the `Engine` protocol (literl.rollout.engine) over rollout workers on Ray.
 
-Each worker (`RolloutWorker`, a Ray actor) holds a copy of the policy and an `HFEngine` on it. `generate` cuts
+Each worker (`RolloutWorker`, a Ray actor) holds a copy of the policy and an `NativeEngine` on it. `generate` cuts
 the prompts into groups (runs of identical consecutive prompts: the collector repeats a prompt G times), gives
 each worker a contiguous share of whole groups, and puts the results back in prompt order, per-token extras
 (`rollout_routes_BLNK`, ...) included. Differences from one engine in the trainer's process, by design:
@@ -28,25 +28,25 @@ from literl.distributed import weight_sync
 from literl.distributed.cluster import (ClusterError, actor_options, kill_actors, started, threads_for,
                                         wait_all)
 from literl.model.precision import MASTER_DTYPE
-from literl.rollout.generator import Generation, SamplingParams
+from literl.rollout.engine import Generation, SamplingParams
 
 MAX_RETRIES = 3
 STUCK_AFTER_S = 30.0
 
 
 class RolloutWorker:
-    """A Ray actor: the policy (what a sync writes into) and an HFEngine sampling from it (or from its own copy
+    """A Ray actor: the policy (what a sync writes into) and an NativeEngine sampling from it (or from its own copy
     in the rollout precision)."""
 
     def __init__(self, policy: torch.nn.Module, cfg, engine_options: dict, threads: int):
-        from literl.rollout.hf_engine import HFEngine
+        from literl.rollout.native_engine import NativeEngine
 
         torch.set_num_threads(threads)
         device = torch.device("cuda" if cfg.cluster.gpus_per_worker > 0 and torch.cuda.is_available() else "cpu")
         self.device = device
         # The trainer's float32 weights, as a sync sends them (the engine keeps its own copy in rollout.dtype).
         self.policy = policy.to(device=device, dtype=MASTER_DTYPE).eval()
-        self.engine = HFEngine(self.policy, **engine_options)
+        self.engine = NativeEngine(self.policy, **engine_options)
         self._group = None
 
     def pid(self) -> int:
@@ -75,7 +75,7 @@ class RolloutWorker:
         return weight_sync.weights_hash(self.policy)
 
 
-class RayRolloutGenerator:
+class RayRolloutEngine:
     def __init__(self, ray, cfg, *, policy: torch.nn.Module, engine_options: dict):
         self.ray, self.cfg = ray, cfg
         self._actor = ray.remote(RolloutWorker).options(**actor_options(cfg.cluster))

@@ -28,11 +28,11 @@ import torch.distributed as dist
 
 from literl.distributed import weight_sync
 from literl.distributed.cluster import free_port, node_address
-from literl.metric_reduction import MetricAccumulator
+from literl.algorithm.metric_reduction import MetricAccumulator
 from literl.model import PolicyForward
 from literl.model.capabilities import cluster_micro_batch_tokens
 from literl.model.precision import MASTER_DTYPE, compute_dtype
-from literl.objective import Objective
+from literl.algorithm.objective import Objective
 from literl.training.learner import clip_gradients, close_step, micro_step, to_device
 from literl.training.optim import build_optimizer
 

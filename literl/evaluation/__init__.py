@@ -4,6 +4,6 @@
                                                          # it would shadow the module of the same name)
 """
 
-from literl.evaluation.metrics import avg_at_k, k_values, maj_at_k, pass_at_k
+from literl.evaluation.sample_metrics import avg_at_k, k_values, maj_at_k, pass_at_k
 
 __all__ = ["avg_at_k", "k_values", "maj_at_k", "pass_at_k"]

@@ -1,7 +1,7 @@
 """Evaluate a policy on benchmarks: sample K responses per problem and report avg@K, pass@k and maj@k.
 
 A library function with no command-line assumptions: `literl eval` calls it, and so does the trainer
-for periodic evaluation. Generation goes through the same `Generator` the trainer samples with, and
+for periodic evaluation. Generation goes through the same `Engine` the trainer samples with, and
 correctness through the same reward (`math_accuracy` by default), so there is no second code path.
 
 Per benchmark (problems i = 1..N, K samples each, c_i correct):
@@ -36,16 +36,16 @@ import torch
 
 from literl.data.files import write_json_atomic
 from literl.data.prompts import render_prompt, resolve_template
-from literl.evaluation.metrics import (SAMPLING_SE_METHOD, SE_METHOD, avg_at_k, k_values, maj_at_k,
+from literl.evaluation.sample_metrics import (SAMPLING_SE_METHOD, SE_METHOD, avg_at_k, k_values, maj_at_k,
                                       mean_with_standard_error, pass_at_k, sampling_standard_error,
                                       standard_error_of_mean)
 from literl.rewards.math_answer import extract_final_answer, math_accuracy
-from literl.rollout.generator import Generator, SamplingParams
+from literl.rollout.engine import Engine, SamplingParams
 
 ProgressCallback = Callable[[str, int, int], None]     # (benchmark, sequences done, sequences total)
 
 
-def evaluate(generator: Generator, tokenizer: Any, benchmarks: Mapping[str, Sequence[dict]], *,
+def evaluate(generator: Engine, tokenizer: Any, benchmarks: Mapping[str, Sequence[dict]], *,
              sampling: SamplingParams, samples: int = 1, template: str = "auto", batch_size: int = 64,
              seed: int = 0, score_fn: Callable[[str, dict], float] = math_accuracy,
              progress: ProgressCallback | None = None, show_progress: bool = False,

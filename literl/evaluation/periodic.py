@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from literl.data.benchmarks import TESTBED_TIER_BENCHMARKS
-from literl.rollout.generator import SamplingParams
+from literl.rollout.engine import SamplingParams
 
 TESTBED_BENCHMARK = "testbed"
 

@@ -8,7 +8,7 @@ feature that touches the forward (routes, dtype, sharding, replay of recorded pr
     attention.py     the attention step per kind of pass: cached and fixed (decode), dense (prompts, prefix),
                      replayed
     record.py        the rollout's forward kept for the update: recorder, record, recording/replayed projections
-    prompts.py       distinct prompts, the prompt pass, prefill
+    prompt_pass.py   distinct prompts, the prompt pass, prefill
     decode.py        decode steps: static KV cache (the body), fixed-shape (one shape per batch size), or the
                      model's own forward
     cuda_graphs.py   the fixed-shape decode step captured as CUDA graphs, one per batch bucket
@@ -18,6 +18,8 @@ feature that touches the forward (routes, dtype, sharding, replay of recorded pr
     capabilities.py  which modes a model supports (the one place that probes)
     policy.py        `PolicyForward`: what the trainer asks for log-probs
     compiled.py      torch.compile for functions whose sizes change from call to call; compile times
+    lora.py          LoRA adapters on the policy, and the reference as the policy with its adapters off
+    precision.py, quantize.py, packing.py, moe.py   dtypes, engine weight formats, packed rows, MoE routes
 
 Modes of the body, and who runs them:
 

@@ -50,7 +50,7 @@ from literl.model.layer import has_layer_structure
 from literl.model.moe import MoeShape, Routing, is_sparse_moe, moe_block
 from literl.model.packing import pack_rows, packed_layers
 from literl.model.precision import computing_in
-from literl.model.prompts import batch_prompts, distinct_prompts, prefill
+from literl.model.prompt_pass import batch_prompts, distinct_prompts, prefill
 from literl.model.record import Recorder, can_record
 
 log = logging.getLogger(__name__)

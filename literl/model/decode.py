@@ -30,7 +30,7 @@ from literl.model.compiled import compile_for_varying_sizes
 from literl.model.kernels import call_norm
 from literl.model.layer import decoder_layer, embed_and_rotary, routed_linears
 from literl.model.moe import Routing, TokenRoutes
-from literl.model.prompts import DistinctPrompts, cache_keyword
+from literl.model.prompt_pass import DistinctPrompts, cache_keyword
 from literl.model.record import ForwardRecord, RecordingLinears
 
 # A step's sampling: (fn, *args) called as fn(logits_RV, *args) -> (token_R, logp_R), or None for the logits.

@@ -1,11 +1,11 @@
 """A training forward: the decoder's final hidden state at every response position of a batch's rows.
 
-Layout as in `literl.batch`: row b holds its prompt then its response, right-padded; the hidden state that
+Layout as in `literl.algorithm.batch`: row b holds its prompt then its response, right-padded; the hidden state that
 predicts response token 0 is the prompt's last one, and response token t ≥ 1 is predicted from token t−1.
 
 Three ways, chosen by `literl.model.policy.PolicyForward`:
 
-- **shared prompts** (`response_hidden`): the distinct prompts run once (`literl.model.prompts`) and each row's
+- **shared prompts** (`response_hidden`): the distinct prompts run once (`literl.model.prompt_pass`) and each row's
   response runs on top of a copy of its prompt's keys and values, as the rollout sampled it. In backward the G
   rows' gradients reach their shared prompt activations and add up, exactly what G copies would receive. On the
   benchmark workload this removes about a fifth of the tokens an update runs through the decoder.
@@ -35,7 +35,7 @@ from literl.model.grouping import forward_groups
 from literl.model.kernels import apply_norm, gather_distinct_rows, repeat_rows
 from literl.model.layer import COMPUTED, decoder_layer, embed_and_rotary, routed_linears
 from literl.model.moe import Routing, TokenRoutes
-from literl.model.prompts import DistinctPrompts, cache_keyword, prompts_by_layers, prompts_by_model
+from literl.model.prompt_pass import DistinctPrompts, cache_keyword, prompts_by_layers, prompts_by_model
 from literl.model.record import ForwardRecord, ReplayedLinears, layer_rows, record_slices
 
 

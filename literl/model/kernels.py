@@ -1,7 +1,7 @@
 """Small tensor functions the layer body and its modes share: RMS norm with a hand-written backward, rotary
 embedding, per-head views, and row selections whose backward avoids atomic adds.
 
-All of them work on any leading shape; the dimension key is `literl.batch`'s.
+All of them work on any leading shape; the dimension key is `literl.algorithm.batch`'s.
 """
 
 from __future__ import annotations

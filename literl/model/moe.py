@@ -25,7 +25,7 @@ import torch
 
 ROUTE_DTYPE = torch.int16
 NO_ROUTE = -1
-# Per-token extras (literl.batch) that carry routes: the inference engine's, and the trainer's at θ_old.
+# Per-token extras (literl.algorithm.batch) that carry routes: the inference engine's, and the trainer's at θ_old.
 ROLLOUT_ROUTES = "rollout_routes_BLNK"
 OLD_ROUTES = "old_routes_BLNK"
 

@@ -33,9 +33,9 @@ from literl.model.head import Tiling, direct_logprobs, head_logprobs, scatter_ro
 from literl.model.moe import OLD_ROUTES, ROLLOUT_ROUTES, Routing, new_routes
 from literl.model.packing import pack_rows, packed_layers, unpacked
 from literl.model.precision import autocasts, computing_in
-from literl.model.prompts import batch_prompts
+from literl.model.prompt_pass import batch_prompts
 from literl.model.record import ForwardRecord, Recorder
-from literl.ops import Ratio
+from literl.algorithm.ops import Ratio
 
 ROUTING_REPLAY = ("none", "r2", "r3")
 PACKING = ("auto", "off", *PACKED_KERNELS)
@@ -133,7 +133,7 @@ class PolicyForward:
 
     # ------------------------------------------------------------------------------------------ batches
     def logprobs(self, rows, *, with_entropy: bool = False) -> Logprobs:
-        """The log-probs (and entropies) of a batch's rows (`literl.batch` layout) in one forward, with autograd
+        """The log-probs (and entropies) of a batch's rows (`literl.algorithm.batch` layout) in one forward, with autograd
         when it is on. An update's forward: MoE routes replayed as `routing_replay` says, and the load-balancing
         loss returned when it is on."""
         routing = self._routing(rows, old_pass=False)

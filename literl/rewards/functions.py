@@ -44,7 +44,7 @@ import torch
 from literl.rewards.conventions import (call_literl, call_trl, call_verl, check_trl_columns, detect_convention,
                                        trl_columns)
 from literl.rewards.isolation import CallOutcome, IsolatedRunner, resolve_function
-from literl.terminal_text import printable
+from literl.data.terminal_text import printable
 
 DEFAULT_REWARD_FN = "literl.rewards.math_answer:math_accuracy"
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)

@@ -45,9 +45,9 @@ from typing import Callable
 
 import torch
 
-from literl.batch import POLICY_VERSION, STALENESS, RolloutBatch
-from literl.rollout.generator import Generation, SamplingParams
-from literl.rollout.hf_engine import HFEngine
+from literl.algorithm.batch import POLICY_VERSION, STALENESS, RolloutBatch
+from literl.rollout.engine import Generation, SamplingParams
+from literl.rollout.native_engine import NativeEngine
 from literl.rollout.versions import Stopped, VersionedEngine, WeightVersions, detached_copy
 
 JOIN_SECONDS = 30.0
@@ -82,7 +82,7 @@ class _AtVersion:
         self.engine, self.version, self.next_version, self.switch = engine, version, next_version, switch
         self.on_wait, self.stopped = on_wait, stopped
         # literl's own engine takes a hook between decode steps (the next version, or a stop); others run whole
-        self._hooked = isinstance(engine.engine, HFEngine)
+        self._hooked = isinstance(engine.engine, NativeEngine)
 
     def generate(self, prompts, params: SamplingParams, *, rng=None, record_forward: bool = False) -> Generation:
         if self.stopped():

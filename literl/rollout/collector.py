@@ -15,9 +15,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from literl.batch import RolloutBatch, slice_rows
-from literl.ops import group_mean_std
-from literl.rollout.generator import Generator, SamplingParams
+from literl.algorithm.batch import RolloutBatch, slice_rows
+from literl.algorithm.ops import group_mean_std
+from literl.rollout.engine import Engine, SamplingParams
 
 
 MAX_TIERS = 12          # a per-tier curve only makes sense for a few categories
@@ -163,7 +163,7 @@ def _row_extras(rounds: list[_Round], index: dict[int, tuple[torch.Tensor, torch
 class Collector:
     """Builds `RolloutBatch`es of `prompts_per_step` groups of `group_size` samples."""
 
-    def __init__(self, *, engine: Generator, problems: Sequence[dict], prompt_ids: Callable[[int], list[int]],
+    def __init__(self, *, engine: Engine, problems: Sequence[dict], prompt_ids: Callable[[int], list[int]],
                  decode: Callable[[list[int]], str], rewards, objective, sampling: SamplingParams,
                  prompts_per_step: int, group_size: int, max_rounds: int, stream: PromptStream, pad_id: int,
                  record_forward: bool = False):

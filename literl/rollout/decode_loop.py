@@ -25,7 +25,7 @@ import torch
 
 from literl.model.cuda_graphs import BucketGraphs, bucket_for
 from literl.model.decode import Decoder
-from literl.rollout.generator import SamplingParams
+from literl.rollout.engine import SamplingParams
 from literl.rollout.sampling import sample_from_uniform, uniform_noise
 
 

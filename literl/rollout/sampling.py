@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from literl.rollout.generator import SamplingParams
+from literl.rollout.engine import SamplingParams
 
 
 def sample_next_token(logits_BV: torch.Tensor, params: SamplingParams, rng: torch.Generator | None = None,

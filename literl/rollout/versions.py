@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from literl.rollout.generator import Generation, SamplingParams
+from literl.rollout.engine import Generation, SamplingParams
 
 MAX_ENGINE_RESTARTS = 3        # consecutive restarts of a dead engine process before the run stops
 
@@ -34,7 +34,7 @@ def detached_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _as_module(source) -> torch.nn.Module:
-    """The module holding the weights a `Generator.sync_weights` call was given: a module, or a handle with
+    """The module holding the weights an `Engine.sync_weights` call was given: a module, or a handle with
     `module()` (the trainer ranks' weights of a cluster, gathered in this process)."""
     return source if isinstance(source, torch.nn.Module) else source.module()
 
@@ -117,7 +117,7 @@ class WeightVersions:
 
 # ------------------------------------------------------------------------------------------------ the engine
 class VersionedEngine:
-    """The `Generator` the trainer and evaluation see in an asynchronous run, over an engine with its own copy of
+    """The `Engine` the trainer and evaluation see in an asynchronous run, over an engine with its own copy of
     the weights (literl's HF engine on a copy, the vLLM engine's process, Ray rollout workers).
 
     `sync_weights(policy)` (the trainer, after each step) publishes a snapshot as the next version and returns at
@@ -134,7 +134,7 @@ class VersionedEngine:
         self._metrics: dict[str, float] = {}
         self._metrics_lock = threading.Lock()
 
-    # the Generator protocol
+    # the Engine protocol
     def sync_weights(self, policy) -> dict[str, float]:
         start = time.perf_counter()
         self.versions.publish(_as_module(policy))

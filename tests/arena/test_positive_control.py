@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from literl.arena.spec import check_configs, load_spec
-from literl.config_loader import TESTBED_LR, load_config
+from literl.config.load import TESTBED_LR, load_config
 
 
 def test_the_positive_control_has_the_shipped_budget_and_a_tenfold_learning_rate():

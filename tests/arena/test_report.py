@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from literl.arena import ablation
-from literl.arena.report_command import report_runs
+from literl.commands.report_command import report_runs
 from tests.arena.fake_runs import write_run
 from tests.arena.test_summary import make_ablation
 

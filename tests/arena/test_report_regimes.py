@@ -13,7 +13,7 @@ from literl.arena import ablation, plots
 from literl.arena.runs import load_run
 from literl.arena.spec import parse_spec
 from literl.arena.summary import summarize
-from literl.registry import ConfigError
+from literl.config.errors import ConfigError
 from tests.arena.fake_runs import write_run
 
 STEPS = 4

@@ -9,7 +9,7 @@ import yaml
 
 from literl.arena.spec import (check_configs, format_value, load_spec, parse_spec, resolve_spec_path,
                                shipped_spec_names)
-from literl.registry import ConfigError
+from literl.config.errors import ConfigError
 
 MINIMAL = {"preset": "lite_ppo", "baseline": "a", "seeds": 2,
            "variants": {"a": {"algorithm.advantage.name": "grpo"}, "b": {"algorithm.advantage.name": "dr_grpo"}}}

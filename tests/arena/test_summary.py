@@ -11,7 +11,7 @@ from literl.arena import ablation
 from literl.arena.runs import load_run
 from literl.arena.spec import parse_spec
 from literl.arena.summary import print_summary, summarize
-from literl.registry import ConfigError
+from literl.config.errors import ConfigError
 from tests.arena.fake_runs import write_run
 
 T2 = 4.302653    # t_{2, 0.975}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from literl.diagnostics.mechanisms import (MechanismDiagnostics, repeated_suffix_fraction,
+from literl.algorithm.diagnostics.mechanisms import (MechanismDiagnostics, repeated_suffix_fraction,
                                           repeated_suffix_fractions)
 
 

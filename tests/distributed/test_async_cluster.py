@@ -12,12 +12,12 @@ import threading
 
 import torch
 
-from literl.components import build_components
-from literl.config_loader import load_config
+from literl.assembly.components import build_components
+from literl.config.load import load_config
 from literl.distributed.weight_sync import weights_hash
 from literl.model import PolicyForward
 from literl.rollout.async_rollout import VersionedEngine
-from literl.training.metrics import read_metrics
+from literl.run.metrics_log import read_metrics
 from literl.training.trainer import Trainer
 from tests.rollout.test_async_rollout import length_reward
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from literl.config_loader import load_config
+from literl.config.load import load_config
 
 
 def test_without_ray_the_error_names_the_install_command(monkeypatch):

@@ -20,10 +20,10 @@ import threading
 import pytest
 import torch
 
-from literl.components import build_components
-from literl.config_loader import load_config
-from literl.rollout.generator import SamplingParams
-from literl.training.metrics import read_metrics
+from literl.assembly.components import build_components
+from literl.config.load import load_config
+from literl.rollout.engine import SamplingParams
+from literl.run.metrics_log import read_metrics
 from literl.training.trainer import Trainer
 from tests.training.test_trainer import length_reward
 
@@ -138,7 +138,7 @@ def test_checkpoints_move_between_the_cluster_and_one_process(cluster_run, tmp_p
     does: weights into the driver's copy, then the learner) and hold exactly its weights and optimizer state."""
     import shutil
 
-    from literl.training.checkpoint import latest_checkpoint, load_checkpoint
+    from literl.run.checkpoint import latest_checkpoint, load_checkpoint
 
     parts, _, _ = cluster_run
     learner = parts.learner

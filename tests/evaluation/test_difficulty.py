@@ -9,7 +9,7 @@ import pytest
 
 from literl.cli import main
 from literl.data.files import read_rows
-from literl.evaluation.difficulty import default_thresholds, split_by_difficulty, write_difficulty_outputs
+from literl.commands.difficulty_command import default_thresholds, split_by_difficulty, write_difficulty_outputs
 
 
 @pytest.mark.parametrize("samples,thresholds", [(8, (2, 5)), (4, (1, 2)), (16, (4, 10)), (1, (0, 0))])

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from literl.cli import main
-from literl.evaluation.command import resolve_model_dir
+from literl.commands.eval_command import resolve_model_dir
 
 
 def run_cli(monkeypatch, *argv: str) -> int:

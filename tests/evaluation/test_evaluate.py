@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from literl.evaluation.evaluate import evaluate, flat_metrics, results_table
-from literl.rollout.generator import Generation, SamplingParams
+from literl.rollout.engine import Generation, SamplingParams
 
 PROBLEMS = [{"id": "a", "problem": "1+1", "answer": "2"}, {"id": "b", "problem": "2+3", "answer": "5"}]
 # Per problem, the responses in sample order; "..." (no box) is reported as truncated.

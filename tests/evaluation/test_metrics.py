@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from literl.evaluation.metrics import avg_at_k, k_values, maj_at_k, pass_at_k, sampling_standard_error
+from literl.evaluation.sample_metrics import avg_at_k, k_values, maj_at_k, pass_at_k, sampling_standard_error
 
 PASS_AT_K_CASES = [
     # (n, c, k, expected, arithmetic)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from literl.batch import TrainBatch
+from literl.algorithm.batch import TrainBatch
 from literl.model.capabilities import capabilities
 from literl.model.packing import pack_rows, unpacked
 from literl.model.policy import PolicyForward
@@ -91,7 +91,7 @@ def test_distinct_prompts_are_numbered_by_first_appearance_and_a_prefix_is_its_o
     first appear, first rows 0, 1, 3; the same as `prompts.distinct_prompts` on 200 random rows (60 prompts), in
     random order and in runs of 8 (a GRPO batch's order), a prompt's runs not always next to each other."""
     from literl.model.packing import _distinct_prompt_rows
-    from literl.model.prompts import distinct_prompts
+    from literl.model.prompt_pass import distinct_prompts
 
     tokens_KL = torch.tensor([[4, 5, 6, 9], [7, 8, 1, 2], [4, 5, 6, 3], [4, 5, 6, 6], [7, 8, 2, 2]])
     source_K, first_U = _distinct_prompt_rows(tokens_KL, torch.tensor([3, 2, 3, 2, 2]))

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from literl.batch import RolloutBatch
+from literl.algorithm.batch import RolloutBatch
 from literl.model.capabilities import capabilities
 from literl.model.moe import OLD_ROUTES, ROLLOUT_ROUTES, Routing, gate_weights, moe_block
 from literl.model.policy import PolicyForward
-from literl.model.prompts import batch_prompts
+from literl.model.prompt_pass import batch_prompts
 from literl.model.quantize import _rounded
-from literl.rollout.generator import SamplingParams
-from literl.rollout.hf_engine import HFEngine
+from literl.rollout.engine import SamplingParams
+from literl.rollout.native_engine import NativeEngine
 from tests.conftest import tiny_qwen3_moe_config
 
 EOS = [1] + list(range(40, 49))
@@ -51,7 +51,7 @@ def _qwen2_moe(seed=0):
 
 def _batch(model, engine=None, prompts=PROMPTS, max_new_tokens=12, seed=0) -> RolloutBatch:
     """A generation laid out as a rollout batch (prompt then response per row, right-padded), its extras kept."""
-    engine = engine or HFEngine(model, eos_token_ids=EOS, pad_id=0)
+    engine = engine or NativeEngine(model, eos_token_ids=EOS, pad_id=0)
     gen = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens),
                           rng=torch.Generator().manual_seed(seed))
     B, T = gen.mask_BT.shape
@@ -135,7 +135,7 @@ def test_r3_replays_the_engine_routes_and_fp8_inference_lowers_natural_agreement
     fp32 trainer would: natural training–inference agreement falls below 1. R3's forwards replay the engine's
     experts: every expert id the experts module receives, position by position, is the engine's."""
     model = _qwen3_moe(seed=2)
-    engine = HFEngine(model, eos_token_ids=EOS, pad_id=0, dtype=torch.bfloat16, weights="float8_e4m3")
+    engine = NativeEngine(model, eos_token_ids=EOS, pad_id=0, dtype=torch.bfloat16, weights="float8_e4m3")
     batch = _batch(model, engine=engine, seed=2)
     r3 = PolicyForward(model, routing_replay="r3")
     r3.batch_logprobs(batch)

@@ -16,15 +16,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from literl.batch import POLICY_VERSION, STALENESS, RolloutBatch
-from literl.components import build_components
-from literl.config_loader import load_config
+from literl.algorithm.batch import POLICY_VERSION, STALENESS, RolloutBatch
+from literl.assembly.components import build_components
+from literl.config.load import load_config
 from literl.model import PolicyForward
-from literl.registry import ConfigError
+from literl.config.errors import ConfigError
 from literl.rewards.isolation import time_bounded
 from literl.rollout.async_rollout import AsyncCollector, batch_version, switch_step
-from literl.training.api import train
-from literl.training.metrics import read_metrics
+from literl.assembly.api import train
+from literl.run.metrics_log import read_metrics
 from literl.training.trainer import Trainer
 
 TINY = ["model.profile=testbed", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=12",
@@ -271,7 +271,7 @@ def test_partial_rollouts_switch_a_running_response_to_the_next_version_mid_way(
 def test_bad_asynchronous_settings_fail_at_load_with_the_fix():
     with pytest.raises(ConfigError, match="max_staleness"):
         load_config(overrides=["rollout.partial_rollouts=true"])
-    with pytest.raises(ConfigError, match="rollout.engine=hf"):
+    with pytest.raises(ConfigError, match="rollout.engine=native"):
         load_config(overrides=["rollout.max_staleness=1", "rollout.partial_rollouts=true", "rollout.engine=vllm"])
     with pytest.raises(ConfigError, match="torch.compile"):
         load_config(overrides=["rollout.max_staleness=1", "trainer.compile=true"])

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from literl.rollout.collector import Collector, _Round
-from literl.rollout.generator import Generation, SamplingParams
+from literl.rollout.engine import Generation, SamplingParams
 
 PAD = 0
 

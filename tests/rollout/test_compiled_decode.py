@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from literl.model.compiled import compile_for_varying_sizes, compile_seconds
-from literl.rollout.generator import SamplingParams
-from literl.rollout.hf_engine import HFEngine
+from literl.rollout.engine import SamplingParams
+from literl.rollout.native_engine import NativeEngine
 from tests.conftest import build_tiny_qwen3
 from tests.rollout.test_engine import MANY_EOS, PAD, _prompts
 
@@ -30,7 +30,7 @@ def _graphs() -> int:
 def _compare_with_eager(model, compiled_engine):
     """Every generation: the compiled engine's tokens and log-probs against the eager fixed step's; returns the
     dynamo graph count after the first generation and after the last."""
-    eager_engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, decode="fixed")
+    eager_engine = NativeEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, decode="fixed")
     counts = []
     for seed, (prompts, T) in enumerate(GENERATIONS):
         params = SamplingParams(max_new_tokens=T, temperature=0.9, top_k=40)
@@ -44,7 +44,7 @@ def _compare_with_eager(model, compiled_engine):
 
 def test_the_compiled_fixed_step_compiles_once_for_every_size_and_length():
     model = build_tiny_qwen3(seed=9)
-    first, last = _compare_with_eager(model, HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, decode="fixed",
+    first, last = _compare_with_eager(model, NativeEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, decode="fixed",
                                                       compile=True))
     assert first == last, "a later generation recompiled"
     assert compile_seconds()["the fixed-shape decode step"] > 0
@@ -52,11 +52,11 @@ def test_the_compiled_fixed_step_compiles_once_for_every_size_and_length():
 
 def test_one_compiled_layer_serves_every_layer_of_the_fixed_step_and_the_prompts(monkeypatch):
     """CUDA's form: a four-layer model compiles one graph of a decode layer and one of a prompt layer."""
-    monkeypatch.setattr("literl.rollout.hf_engine.compiles_layer_by_layer", lambda device_type: True)
-    monkeypatch.setattr("literl.model.prompts.compiles_layer_by_layer", lambda device_type: True)
+    monkeypatch.setattr("literl.rollout.native_engine.compiles_layer_by_layer", lambda device_type: True)
+    monkeypatch.setattr("literl.model.prompt_pass.compiles_layer_by_layer", lambda device_type: True)
     model = build_tiny_qwen3(seed=9, num_hidden_layers=4)
     before = _graphs()
-    first, last = _compare_with_eager(model, HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, decode="fixed",
+    first, last = _compare_with_eager(model, NativeEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, decode="fixed",
                                                       compile=True))
     assert first == last and last - before <= 2, "one graph per kind of layer, none per layer"
     assert {"a fixed-shape decode layer", "a prompt layer"} <= set(compile_seconds())
@@ -80,9 +80,9 @@ def test_a_compiled_training_run_compiles_everything_in_its_first_step(tiny_qwen
     prompts' pass, the update's layers), three more steps from another seed, whose responses and length buckets
     differ, compile nothing. ~3 min on one shared CPU thread: `python -m pytest -m slow
     tests/rollout/test_compiled_decode.py`."""
-    from literl.config_loader import load_config
-    from literl.training.api import train
-    from literl.training.metrics import read_metrics
+    from literl.config.load import load_config
+    from literl.assembly.api import train
+    from literl.run.metrics_log import read_metrics
     from tests.training.test_trainer import length_reward
 
     def run(name, steps, seed):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from literl.model.moe import ROLLOUT_ROUTES
-from literl.rollout.generator import SamplingParams
-from literl.rollout.hf_engine import HFEngine
+from literl.rollout.engine import SamplingParams
+from literl.rollout.native_engine import NativeEngine
 from tests.conftest import build_tiny_qwen3, tiny_qwen3_moe_config
 from tests.rollout.test_engine import MANY_EOS, PAD, _prompts
 
@@ -23,7 +23,7 @@ PARAMS = SamplingParams(max_new_tokens=40, temperature=0.8, top_k=30, top_p=0.95
 
 
 def _engine(model, **kwargs):
-    return HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, **kwargs)
+    return NativeEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, **kwargs)
 
 
 def _generate(engine, prompts, seed, params=PARAMS):

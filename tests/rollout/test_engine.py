@@ -1,12 +1,12 @@
-"""HFEngine: reported log-probs, stopping, row independence, seeding, lower-precision copies, MoE, fallback."""
+"""NativeEngine: reported log-probs, stopping, row independence, seeding, lower-precision copies, MoE, fallback."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from literl.rollout.generator import SamplingParams
-from literl.rollout.hf_engine import HFEngine
+from literl.rollout.engine import SamplingParams
+from literl.rollout.native_engine import NativeEngine
 from tests.conftest import build_tiny_qwen3, tiny_qwen3_moe_config
 
 EOS = 1
@@ -36,7 +36,7 @@ def _full_forward_logp(model, prompt, response_ids, temperature):
 
 def _engine(model, decode, **kwargs):
     kwargs.setdefault("eos_token_ids", MANY_EOS)
-    return HFEngine(model, pad_id=PAD, decode=decode, **kwargs)
+    return NativeEngine(model, pad_id=PAD, decode=decode, **kwargs)
 
 
 @pytest.mark.parametrize("decode", ["static", "fixed", "dynamic"])
@@ -236,7 +236,7 @@ def test_prefill_through_hand_applied_prompt_layers_matches_the_models_forward(m
 
     calls = []
     by_layers = model_prompts.prefill_by_layers
-    monkeypatch.setattr("literl.rollout.hf_engine.prefill_by_layers",
+    monkeypatch.setattr("literl.rollout.native_engine.prefill_by_layers",
                         lambda *args, **kwargs: calls.append(kwargs["compiled"]) or by_layers(*args, **kwargs))
     model = build_tiny_qwen3(seed=4)
     prompts = _prompts(seed=4) * 2
@@ -314,7 +314,7 @@ def test_static_decoder_keeps_slots_in_any_order():
     """After keep(slots) in an arbitrary order (rows moved forward, backward, and left in place), each slot's
     next logits are those of the row it now holds in a decoder that dropped nothing."""
     from literl.model.decode import StaticKVDecoder
-    from literl.model.prompts import distinct_prompts, prefill
+    from literl.model.prompt_pass import distinct_prompts, prefill
 
     model = build_tiny_qwen3(seed=11).eval()
     prompts = _prompts(seed=11)                      # 8 rows, 3 distinct prompts of lengths 5, 2, 9

@@ -12,10 +12,10 @@ from literl.model import capabilities as capabilities_module
 from literl.model.cuda_graphs import bucket_for, decode_buckets
 from literl.model.decode import FixedShapeDecoder
 from literl.model.moe import ROLLOUT_ROUTES, Routing, new_routes
-from literl.model.prompts import distinct_prompts, prefill_by_layers
+from literl.model.prompt_pass import distinct_prompts, prefill_by_layers
 from literl.rollout.decode_loop import SamplingBuffers, sample_tokens
-from literl.rollout.generator import SamplingParams
-from literl.rollout.hf_engine import HFEngine
+from literl.rollout.engine import SamplingParams
+from literl.rollout.native_engine import NativeEngine
 from tests.conftest import build_tiny_qwen3, tiny_qwen3_moe_config
 from tests.rollout.test_engine import MANY_EOS, PAD, _prompts
 
@@ -23,7 +23,7 @@ CPU = torch.device("cpu")
 
 
 def _engine(model, decode, **kwargs):
-    return HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, decode=decode, **kwargs)
+    return NativeEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, decode=decode, **kwargs)
 
 
 def _moe(seed=6):

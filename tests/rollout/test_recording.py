@@ -7,15 +7,15 @@ import torch
 
 from literl.model.capabilities import capabilities
 from literl.model.record import Recorder, record_bytes
-from literl.rollout.generator import SamplingParams
-from literl.rollout.hf_engine import HFEngine
+from literl.rollout.engine import SamplingParams
+from literl.rollout.native_engine import NativeEngine
 from tests.conftest import build_tiny_qwen3, tiny_qwen3_moe_config
 from tests.rollout.test_engine import EOS, MANY_EOS, PAD, _prompts
 
 
 def _recording_engine(model, *, max_bytes=2 << 30, **kwargs):
     """An engine lent a recorder for its model (as `PolicyForward` lends its own in a run)."""
-    return HFEngine(model, recorder=Recorder(model, max_bytes), **kwargs)
+    return NativeEngine(model, recorder=Recorder(model, max_bytes), **kwargs)
 
 
 def _tiny_qwen2(seed=0):
@@ -137,7 +137,7 @@ def test_no_record_where_the_update_could_not_use_one():
         "an engine copy in another dtype": _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD,
                                                              dtype=torch.bfloat16),
         "the model's own forward": _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD, decode="dynamic"),
-        "no recorder lent": HFEngine(model, eos_token_ids=[EOS], pad_id=PAD),
+        "no recorder lent": NativeEngine(model, eos_token_ids=[EOS], pad_id=PAD),
     }
     for why, engine in cases.items():
         assert engine.generate(prompts, params, record_forward=True).forward_record is None, why

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from literl.rollout.generator import SamplingParams
+from literl.rollout.engine import SamplingParams
 from literl.rollout.sampling import (filter_top_k_top_p, gumbel_noise, sample_from_uniform, sample_next_token,
                                      uniform_noise)
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from literl.rollout.generator import SamplingParams
-from literl.rollout.hf_engine import HFEngine
+from literl.rollout.engine import SamplingParams
+from literl.rollout.native_engine import NativeEngine
 from literl.testbed import cache as cache_module
 from literl.testbed.build import read_manifest
 from literl.testbed.cache import TestbedCacheError, cache_root, ensure_testbed
@@ -49,7 +49,7 @@ def test_micro_loads_with_auto_classes_and_generates(micro_dir):
     # a class name transformers 4 (and vLLM on it) can resolve too
     assert json.loads((folder / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
     prompt = tokenizer("What is 3+4?\n", add_special_tokens=False)["input_ids"]
-    engine = HFEngine(model, eos_token_ids=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id)
+    engine = NativeEngine(model, eos_token_ids=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id)
     out = engine.generate([prompt, prompt], SamplingParams(max_new_tokens=8), rng=torch.Generator().manual_seed(0))
     assert out.response_ids_BT.shape[0] == 2 and out.mask_BT[:, 0].all()
 

@@ -124,8 +124,8 @@ def test_an_unreadable_manifest_names_the_folder_and_is_repaired(installed_base)
 def test_a_folder_without_recorded_hashes_that_cannot_load_names_the_folder(tmp_path, monkeypatch):
     """A folder built by an earlier literl records no hashes; if it cannot load (here: no tokenizer.json, which
     was a misleading sentencepiece message), the error names the folder and the fix."""
-    from literl.config_loader import load_config
-    from literl.training.model_loading import load_policy
+    from literl.config.load import load_config
+    from literl.assembly.model_loading import load_policy
 
     folder = tmp_path / "testbeds" / BASE.folder_name()
     shutil.copytree(SHIPPED, folder)

@@ -200,7 +200,7 @@ def test_the_long_loopy_recipe_continues_long_with_its_slips_and_loops():
 def test_every_testbed_variant_is_a_choice_of_model_testbed():
     """A recipe added without its config choice could not be selected (and a choice without a recipe would fail
     only at build time)."""
-    from literl.config_rules import CHOICES
+    from literl.config.rules import CHOICES
 
     assert set(CHOICES["model.testbed"]) == set(VARIANTS)
 

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from literl.cli import main
-from literl.config_loader import from_yaml_file
+from literl.config.load import from_yaml_file
 from literl.data.prompts import INSTRUCTION
-from literl.training.metrics import read_metrics
+from literl.run.metrics_log import read_metrics
 from tests.conftest import build_tiny_qwen3
 
 pytest.importorskip("peft")

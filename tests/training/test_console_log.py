@@ -1,5 +1,5 @@
 """What a log file of a run looks like (the console on a non-terminal stream), and the oversubscription
-warning's rules on injected numbers (literl/training/console.py, literl/training/load_watch.py)."""
+warning's rules on injected numbers (literl/run/console.py, literl/run/load_watch.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import io
 import pytest
 
 from literl.training import load_watch
-from literl.training.console import Console, format_duration, plain_step_line
-from literl.training.load_watch import LoadWatch, oversubscription, step_slowdown
+from literl.run.console import Console, format_duration, plain_step_line
+from literl.run.load_watch import LoadWatch, oversubscription, step_slowdown
 
 METRICS = {"accuracy": 0.5123, "reward/mean": 0.5123, "loss/total": 0.00123, "entropy/mean": 0.11,
            "response_length/mean": 31.25, "time/step": 0.61}
@@ -119,7 +119,7 @@ def test_the_watch_warns_once_on_the_console():
 
 
 def test_a_step_that_generated_nothing_is_not_a_cost():
-    from literl.training.load_watch import step_cost
+    from literl.run.load_watch import step_cost
 
     assert step_cost({"throughput/generated_tokens_per_s": 200.0, "time/step": 3.0}) == 0.005
     assert step_cost({"throughput/generated_tokens_per_s": 0.0, "time/step": 3.0}) is None

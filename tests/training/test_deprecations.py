@@ -4,7 +4,7 @@ decides, since library warnings point their `stacklevel` at library wrappers suc
 
 transformers is bounded above in pyproject.toml at the newest version tested (5.24); 5.40 removes the
 `past_key_values=` keyword of model forwards, which literl no longer passes to models that take `cache=`
-(`literl.model.prompts.cache_keyword`)."""
+(`literl.model.prompt_pass.cache_keyword`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from literl.config_loader import load_config
-from literl.training.api import train
+from literl.config.load import load_config
+from literl.assembly.api import train
 from tests.training.test_trainer import _overrides
 
 LITERL_DIR = Path(__file__).resolve().parents[2] / "literl"

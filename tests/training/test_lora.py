@@ -10,13 +10,13 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
-from literl.components import build_components                                 # noqa: E402
-from literl.config_loader import load_config                                   # noqa: E402
-from literl.lora import AdaptersOff, apply_lora, final_view, merged_state_dict  # noqa: E402
+from literl.assembly.components import build_components                                 # noqa: E402
+from literl.config.load import load_config                                   # noqa: E402
+from literl.model.lora import AdaptersOff, apply_lora, final_view, merged_state_dict  # noqa: E402
 from literl.model import PolicyForward                                         # noqa: E402
 from literl.model.capabilities import capabilities                            # noqa: E402
-from literl.rollout.hf_engine import HFEngine                                  # noqa: E402
-from literl.training.checkpoint import save_model                              # noqa: E402
+from literl.rollout.native_engine import NativeEngine                                  # noqa: E402
+from literl.run.checkpoint import save_model                              # noqa: E402
 from literl.training.trainer import Trainer                                    # noqa: E402
 from tests.conftest import build_tiny_qwen3                                    # noqa: E402
 from tests.model.test_routing_replay import _batch                             # noqa: E402
@@ -122,7 +122,7 @@ def test_the_engine_samples_from_the_adapted_policy_and_follows_its_updates(dtyp
     """The rollout's own log-probs equal the adapted policy's (the HF engine samples from the policy module, or
     from its own bfloat16 copy of it), and after the adapters move and the weights sync, the new adapters'."""
     _, policy = _adapted()
-    engine = HFEngine(policy, eos_token_ids=[1], pad_id=0, dtype=dtype)
+    engine = NativeEngine(policy, eos_token_ids=[1], pad_id=0, dtype=dtype)
     prompts = [[3, 4, 5], [10, 11]]
     tolerance = 1e-5 if dtype is None else 0.1
 
@@ -167,7 +167,7 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_merged_and_adapter(tiny_q
 
 
 def test_a_lora_run_resumes_to_the_same_adapters(tiny_qwen3_dir, tmp_path):
-    from literl.training.api import train
+    from literl.assembly.api import train
 
     common = [*LORA, "algorithm.kl_coef=0.01", "optim.lr=5e-2"]
     straight = train(load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "a", *common)),
@@ -186,7 +186,7 @@ def test_a_lora_run_resumes_to_the_same_adapters(tiny_qwen3_dir, tmp_path):
 def test_a_checkpoint_without_an_adapter_is_refused_with_the_fix(tmp_path, char_tokenizer):
     """Resuming a LoRA run from a full-model checkpoint (a run without LoRA) names model.lora.rank=0; a checkpoint
     whose adapter file is missing or damaged is a CheckpointError (resume falls back to the previous one)."""
-    from literl.training.checkpoint import CheckpointError, load_adapter
+    from literl.run.checkpoint import CheckpointError, load_adapter
 
     _, policy = _adapted()
     build_tiny_qwen3().save_pretrained(tmp_path / "full" / "model")
@@ -202,7 +202,7 @@ def test_a_checkpoint_without_an_adapter_is_refused_with_the_fix(tmp_path, char_
 
 
 def test_lora_on_a_ray_cluster_is_refused_at_load_with_the_fix():
-    from literl.registry import ConfigError
+    from literl.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="LoRA runs in one process"):
         load_config(overrides=[*LORA, "cluster.address=local"])

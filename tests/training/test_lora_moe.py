@@ -15,8 +15,8 @@ import torch
 
 peft = pytest.importorskip("peft")
 
-from literl.config_loader import load_config                                      # noqa: E402
-from literl.lora import apply_lora, merged_state_dict                            # noqa: E402
+from literl.config.load import load_config                                      # noqa: E402
+from literl.model.lora import apply_lora, merged_state_dict                            # noqa: E402
 from tests.conftest import tiny_qwen3_moe_config                                 # noqa: E402
 from tests.training.test_trainer import _overrides, length_reward                # noqa: E402
 
@@ -84,7 +84,7 @@ def test_a_lora_run_on_a_moe_model_saves_its_final_model(tiny_moe_dir, tmp_path)
     final/adapter applied by peft."""
     from transformers import AutoModelForCausalLM
 
-    from literl.training.api import train
+    from literl.assembly.api import train
 
     overrides = _overrides(tiny_moe_dir, tmp_path / "r", "model.lora.rank=4", "optim.lr=5e-2")
     run_dir = train(load_config(preset="lite_ppo", overrides=overrides), reward_fns=[length_reward])

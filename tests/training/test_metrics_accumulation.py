@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from literl import ops
-from literl.batch import RolloutBatch
-from literl.config_loader import load_config
-from literl.objective import Objective
-from literl.metric_reduction import MetricAccumulator, scalars
+from literl.algorithm import ops
+from literl.algorithm.batch import RolloutBatch
+from literl.config.load import load_config
+from literl.algorithm.objective import Objective
+from literl.algorithm.metric_reduction import MetricAccumulator, scalars
 
 # ---- the accumulator on its own ------------------------------------------------------------------------------
 
@@ -218,7 +218,7 @@ def test_resumed_tensorboard_log_replaces_the_redone_steps(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from literl.training.metrics import MetricsLog
+    from literl.run.metrics_log import MetricsLog
 
     log = MetricsLog(tmp_path, ["tensorboard"], {}, run_name="r")
     for step in (1, 2, 3):

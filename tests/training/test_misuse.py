@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import load_file
 
 from literl.cli import main
-from literl.config_loader import from_yaml_file, load_config
+from literl.config.load import from_yaml_file, load_config
 from literl.rewards import time_bounded
-from literl.training.api import train
-from literl.training.metrics import read_metrics
+from literl.assembly.api import train
+from literl.run.metrics_log import read_metrics
 from tests.conftest import build_tiny_qwen3
 
 FAST = ["trainer.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
@@ -88,7 +88,7 @@ def _resume(model_dir, run_dir, *extra):
 # ------------------------------------------------------------------------------------------ 1. one writer per run
 def _hold_lock(directory):
     """Another process holding the directory's lock, as a running `literl train` does."""
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from literl.run_lock import DirectoryLock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from literl.run.lock import DirectoryLock; "
                                "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)",
                                str(directory)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -98,7 +98,7 @@ def _hold_lock(directory):
 def test_a_second_writer_of_a_run_directory_is_refused_with_the_holders_pid(model_dir, run_copy, capsys):
     """A resume started while the run still runs (or a second train on one output_dir) used to exit 0 with the
     logs of both interleaved. Now it is refused and changes nothing; kill -9 of the holder frees the directory."""
-    from literl.run_lock import DirectoryLock
+    from literl.run.lock import DirectoryLock
 
     before = (run_copy / "metrics.jsonl").read_text()
     holder = _hold_lock(run_copy)
@@ -179,7 +179,7 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run_without_saving_na
 def test_a_crash_mid_run_keeps_the_last_step_and_resumes_exactly(model_dir, finished_run, tmp_path, monkeypatch):
     """An exception in step 2 (here: out of memory in the rollout) used to leave nothing to resume from with the
     default settings. Now the state after step 1 is saved, and resuming gives the uninterrupted run's weights."""
-    import literl.components as components
+    import literl.assembly.components as components
 
     real_build = components.build_components
 
@@ -207,7 +207,7 @@ def test_a_crash_mid_run_keeps_the_last_step_and_resumes_exactly(model_dir, fini
 
 
 def test_checkpoints_are_written_by_time_by_default(model_dir, tmp_path):
-    from literl.config import TrainerConfig
+    from literl.config.schema import TrainerConfig
 
     assert TrainerConfig().save_every == 0 and getattr(TrainerConfig(), "save_every_minutes", 0) > 0
     out = _train(model_dir, tmp_path / "run", "trainer.save_every_minutes=1e-9", "trainer.keep_checkpoints=0",
@@ -307,7 +307,7 @@ def test_a_full_disk_names_keep_checkpoints_and_lowering_it_lets_the_resume_save
 def test_prompts_too_long_for_the_context_are_skipped_with_a_count_or_refused(model_dir, tmp_path, capsys):
     """The tiny model has 256 positions; a 400-character problem with 8 new tokens cannot fit. Before, it was
     sampled past the model's positions (a 10 MB one drove memory to ~5 GB)."""
-    from literl.registry import ConfigError
+    from literl.config.errors import ConfigError
 
     rows = [{"id": f"p{i}", "problem": f"{i}+{i}=", "answer": str(2 * i)} for i in range(6)]
     rows.insert(3, {"id": "huge", "problem": "9" * 400, "answer": "1"})
@@ -328,7 +328,7 @@ def test_prompts_too_long_for_the_context_are_skipped_with_a_count_or_refused(mo
     ("rollout.prompts_per_step=100000000", "cannot fit in memory"),
 ])
 def test_impossible_sizes_are_refused_before_the_rollout(model_dir, tmp_path, setting, message):
-    from literl.registry import ConfigError
+    from literl.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         _train(model_dir, tmp_path / "run", setting)

@@ -40,7 +40,7 @@ def test_a_missing_reference_model_is_a_message_and_leaves_no_run(tiny_qwen3_dir
 
 def test_ctrl_c_before_the_first_step_says_that_nothing_was_saved(tiny_qwen3_dir, tmp_path, capsys, monkeypatch):
     """Ctrl-C while the model loads used to exit 130 without a word."""
-    import literl.components as components
+    import literl.assembly.components as components
 
     def interrupted_while_loading(*args, **kwargs):
         raise KeyboardInterrupt
@@ -67,7 +67,7 @@ def test_a_read_only_output_directory_is_a_message(tiny_qwen3_dir, tmp_path, cap
                                            (errno.EACCES, "Choose a writable trainer.output_dir"),
                                            (errno.ENOSPC, "no space left on the device")])
 def test_disk_errors_name_the_file_and_the_fix(code, message):
-    from literl.training.command import _os_error_message
+    from literl.commands.train_command import _os_error_message
 
     text = _os_error_message(OSError(code, os.strerror(code), "/runs/r/metrics.jsonl"))
     assert message in text and "/runs/r/metrics.jsonl" in text

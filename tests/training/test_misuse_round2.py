@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from literl.cli import main
-from literl.config_loader import load_config
+from literl.config.load import load_config
 from literl.rewards import time_bounded
-from literl.training.api import train
-from literl.training.metrics import read_metrics
+from literl.assembly.api import train
+from literl.run.metrics_log import read_metrics
 from tests.conftest import build_tiny_qwen3
 
 FAST = ["trainer.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
@@ -271,7 +271,7 @@ def test_a_lora_rank_beyond_every_adapted_layer_is_refused_before_the_adapters_a
 
 
 def test_a_lora_rank_beyond_some_adapted_layers_is_a_warning():
-    from literl.lora import LoraRankWarning, apply_lora
+    from literl.model.lora import LoraRankWarning, apply_lora
 
     spec = load_config(overrides=["model.lora.rank=24"]).model.lora
     with pytest.warns(LoraRankWarning, match=r"k_proj.*16"):

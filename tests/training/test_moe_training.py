@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from literl.config_loader import load_config
-from literl.training.api import train
-from literl.training.metrics import read_metrics
+from literl.config.load import load_config
+from literl.assembly.api import train
+from literl.run.metrics_log import read_metrics
 from tests.training.test_trainer import length_reward
 
 

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from literl.config_loader import load_config
-from literl.training.api import train
-from literl.training.metrics import read_metrics
+from literl.config.load import load_config
+from literl.assembly.api import train
+from literl.run.metrics_log import read_metrics
 from tests.training.test_trainer import _comparable, _overrides, _params, length_reward
 
 # A band and a fraction wide enough that the tiny model's steps have candidates to detach.

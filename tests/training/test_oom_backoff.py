@@ -16,10 +16,10 @@ import logging
 import pytest
 import torch
 
-from literl.batch import RolloutBatch
-from literl.config_loader import load_config, resolve
+from literl.algorithm.batch import RolloutBatch
+from literl.config.load import load_config, resolve
 from literl.model import PolicyForward
-from literl.objective import Objective
+from literl.algorithm.objective import Objective
 from literl.training.learner import InProcessLearner
 from literl.training.optim import build_optimizer
 from tests.conftest import build_tiny_qwen3

@@ -8,8 +8,8 @@ import torch
 
 from literl.model import forward, grouping
 from literl.model.record import Recorder, ReplayedProjections
-from literl.rollout.generator import SamplingParams
-from literl.rollout.hf_engine import HFEngine
+from literl.rollout.engine import SamplingParams
+from literl.rollout.native_engine import NativeEngine
 from tests.conftest import build_tiny_qwen3, token_logprobs
 from tests.rollout.test_engine import MANY_EOS, PAD, _prompts
 from tests.rollout.test_recording import _tiny_qwen2
@@ -18,7 +18,7 @@ from tests.training.test_logprobs import _loss_grads
 
 def _rollout(model, prompts, max_new_tokens=16, seed=0):
     """A recorded generation laid out as a training batch: (tokens_BL, prompt_len_B, T, mask_BT, record)."""
-    engine = HFEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, recorder=Recorder(model, 2 << 30))
+    engine = NativeEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, recorder=Recorder(model, 2 << 30))
     gen = engine.generate(prompts, SamplingParams(temperature=0.8, max_new_tokens=max_new_tokens),
                           rng=torch.Generator().manual_seed(seed), record_forward=True)
     mask_BT = gen.mask_BT.clone()

@@ -1,5 +1,5 @@
 """The run record: config.yaml replays a CLI run exactly; run.json says what a Python-API run was given that a
-config cannot name, and `literl train --config` refuses to pretend otherwise (literl/training/run_record.py)."""
+config cannot name, and `literl train --config` refuses to pretend otherwise (literl/run/manifest.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from literl.cli import main
-from literl.config_loader import from_yaml_file, load_config
+from literl.config.load import from_yaml_file, load_config
 from literl.rewards.math_answer import math_accuracy
-from literl.training.api import train
-from literl.training.metrics import read_metrics
-from literl.training.run_record import importable_path, problems_hash, replay_problem
+from literl.assembly.api import train
+from literl.run.metrics_log import read_metrics
+from literl.run.manifest import importable_path, problems_hash, replay_problem
 from tests.training.test_trainer import TINY, _comparable, length_reward
 
 PROBLEMS = [{"problem": f"{a}+{a}=", "answer": str(2 * a)} for a in range(8)]

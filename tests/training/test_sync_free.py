@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from literl import metric_reduction
-from literl.metric_reduction import MetricAccumulator
-from literl.ops import Ratio
+from literl.algorithm import metric_reduction
+from literl.algorithm.metric_reduction import MetricAccumulator
+from literl.algorithm.ops import Ratio
 from literl.training.learner import to_device
 from tests.training.test_metrics_accumulation import _batch, _logp, _objective
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from literl.cli import main
-from literl.config_loader import from_yaml_file
-from literl.training.metrics import read_metrics
+from literl.config.load import from_yaml_file
+from literl.run.metrics_log import read_metrics
 from tests.training.test_trainer import TINY
 
 

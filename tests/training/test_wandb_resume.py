@@ -8,7 +8,7 @@ import string
 import pytest
 
 from literl.cli import main
-from literl.training.metrics import WANDB_ID_FILE, wandb_run_id
+from literl.run.metrics_log import WANDB_ID_FILE, wandb_run_id
 from tests.training.test_trainer import TINY
 
 

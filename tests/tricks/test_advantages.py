@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from literl.tricks import ADVANTAGES
+from literl.algorithm.tricks import ADVANTAGES
 
 S3 = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from literl.tricks import AGGREGATIONS
+from literl.algorithm.tricks import AGGREGATIONS
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
 LOSS = torch.tensor([[1.0, 1.0, 1.0, 99.0], [2.0, 99.0, 99.0, 99.0]])  # 99 off the mask must not count

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from literl.config_loader import ConfigError, load_config
-from literl.tricks import GROUP_FILTERS
+from literl.config.load import ConfigError, load_config
+from literl.algorithm.tricks import GROUP_FILTERS
 
 CORRECT = torch.tensor([1, 1, 0, 1, 0, 0, 1], dtype=torch.bool)
 GROUPS = torch.tensor([0, 0, 1, 1, 2, 2, 3])

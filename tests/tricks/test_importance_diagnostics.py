@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from literl.diagnostics import is_decomposition
-from literl.metric_reduction import MetricAccumulator, scalars
+from literl.algorithm.diagnostics import is_decomposition
+from literl.algorithm.metric_reduction import MetricAccumulator, scalars
 
 L = math.log
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from literl.tricks import AGGREGATIONS, IS_CORRECTIONS
+from literl.algorithm.tricks import AGGREGATIONS, IS_CORRECTIONS
 
 
 def correct(name, ratios, mask=None, **params):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from literl.tricks import KL_ESTIMATORS
+from literl.algorithm.tricks import KL_ESTIMATORS
 
 P, P_REF = 0.5, 0.25  # δ = log 2 = 0.6931
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from literl.tricks import LOSS_MASKS
+from literl.algorithm.tricks import LOSS_MASKS
 
 
 def test_overlong_hand():

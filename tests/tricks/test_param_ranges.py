@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from literl.config_loader import explain, load_config
-from literl.registry import ConfigError, Registry
-from literl.tricks import ALL, ADVANTAGES
+from literl.config.load import explain, load_config
+from literl.algorithm.registry import Registry
+from literl.config.errors import ConfigError
+from literl.algorithm.tricks import ALL, ADVANTAGES
 
 
 @pytest.mark.parametrize("preset, override, message", [

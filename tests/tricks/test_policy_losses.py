@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from literl import ops
-from literl.tricks import AGGREGATIONS, POLICY_LOSSES
+from literl.algorithm import ops
+from literl.algorithm.tricks import AGGREGATIONS, POLICY_LOSSES
 from tests.tricks.toy_batch_e import aggregate, batch_e
 from tests.tricks.toy_batch_e import close as close64
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from literl.tricks import POLICY_LOSSES, POLICY_MASKS
+from literl.algorithm.tricks import POLICY_LOSSES, POLICY_MASKS
 from tests.tricks.toy_batch_e import F64, aggregate, batch_e, close
 
 E = math.exp

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from literl.metric_reduction import scalars
-from literl.tricks import ALL
+from literl.algorithm.metric_reduction import scalars
+from literl.algorithm.tricks import ALL
 
 HERE = Path(__file__).resolve().parent
 ALGORITHMS_MD = HERE.parents[1] / "docs" / "algorithms.md"

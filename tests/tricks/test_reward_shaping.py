@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from literl.tricks import REWARD_SHAPING
+from literl.algorithm.tricks import REWARD_SHAPING
 
 NO_TRUNC = torch.zeros(4, dtype=torch.bool)
 

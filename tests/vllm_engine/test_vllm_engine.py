@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from literl.model import PolicyForward
-from literl.rollout.generator import SamplingParams
+from literl.rollout.engine import SamplingParams
 from tests.vllm_engine.conftest import EOS_IDS, PAD_ID, vllm_tiny_qwen3
 
 TOLERANCE = 1e-4
@@ -145,14 +145,14 @@ def test_parity_holds_after_an_optimizer_step_and_a_sync(session_engine):
 
 
 def test_a_lora_policy_reaches_the_engine_as_its_merged_model(session_engine, tmp_path):
-    """A LoRA policy (literl/lora.py) syncs its merged weights W + (alpha/r)·B·A under the base model's names: the
+    """A LoRA policy (literl/model/lora.py) syncs its merged weights W + (alpha/r)·B·A under the base model's names: the
     engine's log-probs equal the adapted policy's within 1e-4, not the base's; the folder the engine starts from
     is the merged model too (loaded here by transformers)."""
     pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from literl.config_loader import load_config
-    from literl.lora import apply_lora
+    from literl.config.load import load_config
+    from literl.model.lora import apply_lora
     from literl.rollout.vllm_engine import VllmEngine
 
     engine = session_engine.engine

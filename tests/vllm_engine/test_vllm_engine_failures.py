@@ -16,8 +16,8 @@ import torch
 
 from literl.cli import main
 from literl.rewards import time_bounded
-from literl.rollout.generator import SamplingParams
-from literl.training.metrics import read_metrics
+from literl.rollout.engine import SamplingParams
+from literl.run.metrics_log import read_metrics
 from tests.vllm_engine.conftest import EOS_IDS, PAD_ID, vllm_tiny_qwen3
 from tests.vllm_engine.test_vllm_training import head32_model_dir  # noqa: F401 - a fixture
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from literl.config_loader import explain, load_config
-from literl.registry import ConfigError
+from literl.config.load import explain, load_config
+from literl.config.errors import ConfigError
 from literl.rollout.vllm_engine import (ROUTES_KEY, VllmEngine, _request_rows, _routes, _seeds,
                                         assemble_generation)
 from literl.rollout.vllm_process import VllmEngineError, engine_python
@@ -67,7 +67,7 @@ def test_routes_follow_the_batch_layout_with_minus_one_where_nothing_was_routed(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="routes are available on GPU")
 def test_routes_on_cpu_are_refused_at_construction_naming_the_limitation():
-    with pytest.raises(ValueError, match="Model Runner V2.*Triton.*rollout.engine=hf"):
+    with pytest.raises(ValueError, match="Model Runner V2.*Triton.*rollout.engine=native"):
         VllmEngine(build_tiny_qwen3(head_dim=32), eos_token_ids=[1], pad_id=0, return_routes=True)
 
 
@@ -87,7 +87,7 @@ def test_an_fp8_rollout_with_the_vllm_engine_is_a_config_error():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the head-size limit is vLLM's CPU attention's")
 def test_a_head_size_without_a_cpu_kernel_is_refused_before_starting():
-    with pytest.raises(ValueError, match="head sizes 32, 64.*this model's is 16.*rollout.engine=hf"):
+    with pytest.raises(ValueError, match="head sizes 32, 64.*this model's is 16.*rollout.engine=native"):
         VllmEngine(build_tiny_qwen3(), eos_token_ids=[1], pad_id=0)
 
 
@@ -126,7 +126,7 @@ def test_the_shipped_is_correction_ablation_varies_only_minirls_train_infer_weig
         "with_is": ("algorithm.policy_loss.params.train_infer_is=true",),
         "without_is": ("algorithm.policy_loss.params.train_infer_is=false",)}
     assert {arm.name: arm.overrides for arm in spec.scenarios} == {
-        "vllm_bf16": ("rollout.engine=vllm",), "literl_bf16": ("rollout.engine=hf",)}
+        "vllm_bf16": ("rollout.engine=vllm",), "literl_bf16": ("rollout.engine=native",)}
     assert len(check_configs(spec)) == 4
 
 

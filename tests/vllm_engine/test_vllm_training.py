@@ -9,7 +9,7 @@ import json
 import pytest
 
 from literl.cli import main
-from literl.training.metrics import read_metrics
+from literl.run.metrics_log import read_metrics
 from tests.vllm_engine.conftest import vllm_tiny_qwen3
 
 TI_KEYS = ("ti/kl_k1", "ti/kl_k3", "ti/abs_logdiff_max", "ti/ratio_min", "ti/ratio_max", "ti/ess", "st/kl_k3",

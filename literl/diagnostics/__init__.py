@@ -1,5 +1,0 @@
-"""Diagnostics computed alongside training (no gradient, not tricks): logged, never optimised."""
-
-from literl.diagnostics.importance import is_decomposition
-
-__all__ = ["is_decomposition"]
