@@ -204,7 +204,7 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
              attention: str, peak_tflops: float | None, kernels: bool, compile: str | None = None,
              decode: str = "auto", profile_dir: Path | None = None, hf: bool = True) -> dict:
     import literl
-    from literl.assembly.components import build_components
+    from literl.assembly.build import build_components
     from literl.model.compiled import compile_seconds
     from literl.model.packing import pack_rows
     from literl.testbed.tasks import train_problems
@@ -235,7 +235,7 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
     trainer = Trainer(parts)
     seen = _instrument(parts)
     # The MoE body replays its routes (r3), which the packed route reads by batch row: never shared there.
-    shared = parts.policy_forward.shares_packed_prompts and "num_experts" not in spec
+    shared = parts.learner.policy_forward.shares_packed_prompts and "num_experts" not in spec
     # The profiled update is one more step after the timed ones: the profiler's overhead stays out of the medians.
     extra = 1 if profile_dir else 0
     profile_name = f"{name}_shared" if shared else name     # beside the whole-rows profile of the same body
@@ -273,7 +273,7 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
                                        parts.engine.eos_token_ids, parts.engine.pad_id)
             hf_s, hf_tokens = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
                                           parts.engine.eos_token_ids, parts.engine.pad_id)
-        kernel_s = (attention_kernel_seconds(model, seen["train"], torch.bfloat16, parts.policy_forward.max_tokens)
+        kernel_s = (attention_kernel_seconds(model, seen["train"], torch.bfloat16, parts.learner.policy_forward.max_tokens)
                     if kernels and device.type == "cuda" else None)
         row = {key: statistics.median(r[key] for r in records) for key in records[0]}
         rollout_tok_s = row["generated_tokens"] / row["rollout_s"]
@@ -294,8 +294,8 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
             "compiled": compile,
             "compile_s": sum(compile_seconds().values()) - compiled_before if compile else None,
             "decode": parts.engine.decode_report() if hasattr(parts.engine, "decode_report") else None,
-            "micro_batch_tokens": parts.policy_forward.max_tokens,
-            "packed_attention": parts.policy_forward.packed_kernel, "attention_kernel_s": kernel_s,
+            "micro_batch_tokens": parts.learner.policy_forward.max_tokens,
+            "packed_attention": parts.learner.policy_forward.packed_kernel, "attention_kernel_s": kernel_s,
             "update_profile": profiled.get("summary"),
             # Each timed step's own figures (steps differ in their tokens): the spread behind the medians.
             "update_s_steps": [round(r["update_s"], 4) for r in records],

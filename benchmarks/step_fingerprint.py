@@ -52,7 +52,7 @@ def fingerprint(overrides: tuple[str, ...], steps: int, threads: int = 1) -> lis
         for _ in range(steps):
             stepper.step()
             train, _ = stepper._prepared
-            weights = torch.cat([q.detach().flatten() for q in stepper.trainer.parts.policy.parameters()])
+            weights = torch.cat([q.detach().flatten() for q in stepper.trainer.parts.learner.policy().parameters()])
             out.append({"tokens": short_hash(train.response_ids_BT), "rollout_logp": short_hash(train.rollout_logp_BT),
                         "weights": short_hash(weights)})
     finally:

@@ -52,7 +52,7 @@ class LiterlStepper:
     def __init__(self, model, tokenizer, problems: list[dict], *, threads: int, group_size: int,
                  max_new_tokens: int, extra_overrides: tuple[str, ...] = ()):
         import literl
-        from literl.assembly.components import build_components
+        from literl.assembly.build import build_components
         from literl.training.trainer import Trainer
 
         self._tmp = tempfile.TemporaryDirectory(prefix="literl-step-speed-")
@@ -83,7 +83,7 @@ class LiterlStepper:
 
         def update_noting_replay(train):
             # Asked before the update: its optimizer step makes the record stale.
-            self._replayed = parts.policy_forward.replays(train.forward_record)
+            self._replayed = parts.learner.policy_forward.replays(train.forward_record)
             return update(train)
 
         parts.collector.collect = timed("rollout", collect)

@@ -134,11 +134,11 @@ def _keep_step_metrics(trainer) -> list[dict]:
 
 
 def _training_state(parts) -> tuple:
-    return tuple(copy.deepcopy(x.state_dict()) for x in (parts.policy, parts.optimizer, parts.scheduler))
+    return tuple(copy.deepcopy(x.state_dict()) for x in (parts.learner.policy(), parts.learner.optimizer, parts.learner.scheduler))
 
 
 def _load_training_state(parts, state: tuple) -> None:
-    for x, saved in zip((parts.policy, parts.optimizer, parts.scheduler), state):
+    for x, saved in zip((parts.learner.policy(), parts.learner.optimizer, parts.learner.scheduler), state):
         x.load_state_dict(saved)
 
 

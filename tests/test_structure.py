@@ -1,7 +1,8 @@
-"""The package's shape: no import cycle inside literl/, the runtime layers one-way (model below rollout and
-training, rollout and training apart), tricks importing only what a pure tensor function needs, and the layer body
-written once. Imports are read from the source (module level and inside functions alike), so a lazy import that
-closes a circle is caught too."""
+"""The package's shape: no import cycle inside literl/, each package importing only the packages below it
+(`PACKAGE_IMPORTS`: model below rollout and training, rollout and training apart, the algorithm core knowing no
+engine or file), tricks importing only what a pure tensor function needs, no function longer than a screen, and the
+layer body written once. Imports are read from the source (module level and inside functions alike), so a lazy
+import that closes a circle or crosses a layer is caught too."""
 
 from __future__ import annotations
 
@@ -13,7 +14,34 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "literl"
 # What a trick module may import besides the standard library (style.md §3.9).
 TRICK_IMPORTS = {"literl.algorithm.tricks", "literl.algorithm.ops", "literl.algorithm.registry", "torch"}
-MAX_LINES = 500
+MAX_FUNCTION_LINES = 80
+# The packages each package may import (besides its own and `literl.config.errors`, the one error type every layer
+# raises): literl's architecture as rules, a strict order with no circle.
+PACKAGE_IMPORTS = {
+    "algorithm": set(),                     # the core: tensors in, tensors out
+    "model": {"algorithm"},                 # the shared tensor ops (algorithm.ops)
+    "rollout": {"model", "algorithm"},
+    "testbed": {"model", "rollout", "algorithm"},
+    "data": {"testbed"},                    # the testbed's problems are a registered benchmark
+    "config": {"algorithm", "data"},        # the rules check tricks against their registries; prompt defaults
+    "rewards": {"data", "config"},
+    "run": {"config", "data", "model", "rewards", "algorithm"},
+    "training": {"model", "algorithm", "config", "run", "data"},
+    "evaluation": {"data", "rewards", "rollout", "model", "config", "run", "algorithm"},
+    # The arena runs trainings as subprocesses: a run is its command line, so it never imports the runtime.
+    "arena": {"algorithm", "config", "data", "run"},
+    "distributed": {"training", "rollout", "model", "algorithm", "config", "run", "data"},
+    "assembly": {"training", "rollout", "model", "algorithm", "config", "run", "data", "rewards", "evaluation",
+                 "distributed", "testbed"},
+    "commands": {"assembly", "training", "rollout", "model", "algorithm", "config", "run", "data", "rewards",
+                 "evaluation", "distributed", "testbed", "arena"},
+}
+FOUNDATION = "literl.config.errors"
+# Imports that cross the order on purpose, each inside the one function that needs it, with the reason.
+CROSSINGS = {
+    ("literl.algorithm.objective", "literl.config.load"): "Objective.from_config resolves a config not yet "
+                                                          "resolved (the profile's response length)",
+}
 
 
 def _module_name(path: Path) -> str:
@@ -101,14 +129,35 @@ def test_the_detector_sees_a_cycle():
     assert _cycles({"a": set(), "b": {"a"}}) == []
 
 
-@pytest.mark.parametrize("lower, upper", [("literl.model", "literl.rollout"), ("literl.model", "literl.training"),
-                                          ("literl.rollout", "literl.training"), ("literl.training", "literl.rollout")])
-def test_layers_import_one_way(lower, upper):
-    """The decoder runtime (literl.model) sits below both rollout and training; rollout and training never import
-    each other (the trainer wires them through protocols)."""
-    wrong = {name: sorted(t for t in targets if t == upper or t.startswith(upper + "."))
-             for name, targets in GRAPH.items() if name == lower or name.startswith(lower + ".")}
-    assert {name: targets for name, targets in wrong.items() if targets} == {}
+def _package(module: str) -> str | None:
+    """literl.rollout.collector → rollout; a top-level module (literl, literl.cli) → None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and MODULES[module].name == "__init__.py") else None
+
+
+def test_every_package_has_its_import_rule():
+    packages = {_package(name) for name in MODULES} - {None}
+    assert packages == set(PACKAGE_IMPORTS)
+
+
+def test_packages_import_only_the_layers_below_them():
+    """model sits below rollout and training; rollout and training never import each other (the assembly wires
+    them through protocols); nothing but the command line imports a command; the algorithm core imports no
+    engine, process or file code."""
+    wrong = {}
+    for name, targets in GRAPH.items():
+        package = _package(name)
+        if package is None:
+            continue
+        crossing = sorted(t for t in targets if _package(t) not in (None, package, *PACKAGE_IMPORTS[package])
+                          and t != FOUNDATION and (name, t) not in CROSSINGS)
+        if crossing:
+            wrong[name] = crossing
+    assert wrong == {}
+
+
+def test_the_layer_rules_have_no_circle():
+    assert _cycles({package: set(allowed) for package, allowed in PACKAGE_IMPORTS.items()}) == []
 
 
 def test_tricks_import_only_torch_ops_and_the_registry():
@@ -148,9 +197,16 @@ def test_the_layer_body_is_written_once():
     assert files == ["literl/model/layer.py"]
 
 
-def test_source_files_stay_short():
-    long_files = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert long_files == {}
+def test_no_function_is_longer_than_a_screen():
+    """A function over 80 lines does several things; each gets a name of its own."""
+    long_functions = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions[f"{name}.{node.name}"] = length
+    assert long_functions == {}
 
 
 OPERATOR_REGISTRATIONS = {"custom_op", "Library", "define", "triton_op"}

@@ -30,7 +30,7 @@ Per-token extras (MoE routes, engine log-probs, ...) ride in `extras`, tensors k
 (`rollout_routes_BLNK`), and are sliced and trimmed with the batch like every other field. An asynchronous run
 (`rollout.max_staleness >= 1`) adds `policy_version_BT` (the policy version that sampled each token) and
 `rollout_staleness_BT` (the training step minus that version), both long and −1 on padding. The record of the
-rollout's forward (`forward_record`, `literl.model.record.ForwardRecord`) is a typed field: its buffers stay
+rollout's forward (`forward_record`, `literl.model.record.ForwardRecord`) is one field, opaque here: its buffers stay
 whole, and selecting rows selects its per-row index.
 """
 
@@ -38,12 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
-
-if TYPE_CHECKING:
-    from literl.model.record import ForwardRecord
 
 
 POLICY_VERSION = "policy_version_BT"        # the policy version (weights after that many steps) that sampled a token
@@ -128,7 +125,9 @@ class RolloutBatch(_Rows):
     responses: list[str] = field(default_factory=list)
     problems: list[dict] = field(default_factory=list)   # the problem record of each row (id, answer, tier...)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)     # per-token tensors (see the module doc)
-    forward_record: "ForwardRecord | None" = None    # the rollout's forward, when an on-policy update may replay it
+    # The rollout's forward, when an on-policy update may replay it: a `literl.model.record.ForwardRecord`, opaque
+    # here (only the policy forward reads it; rows are selected through its own `select`).
+    forward_record: Any = None
     pad_id: int = 0
 
 
@@ -155,7 +154,7 @@ class TrainBatch(_Rows):
     minibatch_B: torch.Tensor          # long: which optimizer step of this rollout batch the row belongs to
     group_B: torch.Tensor              # long: prompt/group id (the group-level aggregations need it)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    forward_record: "ForwardRecord | None" = None
+    forward_record: Any = None          # as RolloutBatch's
     pad_id: int = 0
     step_share: float = 1.0            # this micro-batch's share of its optimizer step's response tokens
     epochs: int = 1                    # passes the update makes over the mini-batches (PPO epochs)

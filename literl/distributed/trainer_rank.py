@@ -33,7 +33,8 @@ from literl.model import PolicyForward
 from literl.model.capabilities import cluster_micro_batch_tokens
 from literl.model.precision import MASTER_DTYPE, compute_dtype
 from literl.algorithm.objective import Objective
-from literl.training.learner import clip_gradients, close_step, micro_step, to_device
+from literl.training.forwards import policy_forward, reference_forward
+from literl.training.learner import micro_step, optimizer_step, to_device
 from literl.training.optim import build_optimizer
 
 TRAINER_TIMEOUT = timedelta(minutes=10)
@@ -82,19 +83,13 @@ class TrainerRank:
         self.policy = policy.to(device=self.device, dtype=MASTER_DTYPE)
         compute = compute_dtype(cfg.model.dtype)
         self.micro_batch_tokens = cluster_micro_batch_tokens(cfg.trainer.micro_batch_tokens)
-        self.policy_forward = PolicyForward(
-            self.policy, temperature=cfg.rollout.temperature, compile=cfg.trainer.compile, record_max_bytes=0,
-            max_tokens=self.micro_batch_tokens, routing_replay=cfg.algorithm.routing_replay,
-            router_aux_loss=cfg.algorithm.router_aux_loss_coef > 0, compute_dtype=compute,
-            packed=cfg.trainer.packed_attention)
+        self.policy_forward = policy_forward(cfg, self.policy, max_tokens=self.micro_batch_tokens)
         self.unit = _shard(_PolicyLogprobs(self.policy, self.policy_forward), mesh, fully_shard)
         self.optimizer, self.scheduler = build_optimizer(cfg, self.policy)
         self.reference_forward = self.reference_unit = None
         if reference is not None:
             reference = reference.to(device=self.device, dtype=compute).eval().requires_grad_(False)
-            self.reference_forward = PolicyForward(reference, temperature=cfg.rollout.temperature,
-                                                   compile=cfg.trainer.compile, max_tokens=self.micro_batch_tokens,
-                                                   compute_dtype=compute, packed=cfg.trainer.packed_attention)
+            self.reference_forward = reference_forward(cfg, reference, max_tokens=self.micro_batch_tokens)
             self.reference_unit = _shard(_PolicyLogprobs(reference, self.reference_forward), mesh, fully_shard)
         self.policy.eval()
 
@@ -131,15 +126,10 @@ class TrainerRank:
             # these two collectives, the step's whole loss and gradient norm: all decide alike.
             loss_tokens = int(minibatch.loss_mask_BT.sum())
             dist.all_reduce(step_loss)
-            grad_norm = 0.0 if loss_tokens == 0 else clip_gradients(list(self.policy.parameters()),
-                                                                    self.cfg.optim.max_grad_norm)
-            report = close_step(acc if self.rank == 0 else MetricAccumulator(), loss_tokens=loss_tokens,
-                                step_loss=step_loss, grad_norm=grad_norm, lr=self.scheduler.get_last_lr()[0])
-            if report.non_finite:
-                self.optimizer.zero_grad(set_to_none=True)
-            if report.stepped:
-                self.optimizer.step()
-                self.scheduler.step()
+            report = optimizer_step(self.optimizer, self.scheduler, list(self.policy.parameters()),
+                                    acc if self.rank == 0 else MetricAccumulator(), loss_tokens=loss_tokens,
+                                    step_loss=step_loss, max_grad_norm=self.cfg.optim.max_grad_norm,
+                                    queue_on_device=False)     # FSDP2's DTensor shards: decided on the host
             accs.append(acc)
             reports.append(report)
         self.policy.eval()

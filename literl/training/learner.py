@@ -170,6 +170,43 @@ def close_step(acc: MetricAccumulator, *, loss_tokens: int, step_loss, grad_norm
     return StepReport(stepped=not (skipped or non_finite), non_finite=non_finite, loss=step_loss, grad_norm=grad_norm)
 
 
+def optimizer_step(optimizer: torch.optim.Optimizer, scheduler, params: list[torch.nn.Parameter],
+                   acc: MetricAccumulator, *, loss_tokens: int, step_loss, max_grad_norm: float,
+                   before_decision: Callable[[], None] | None = None, on_decision: OnStep | None = None,
+                   queue_on_device: bool = True) -> StepReport:
+    """The end of one optimizer step, after its last backward, the same for every learner (this process, each
+    trainer rank): clip the gradients (not when no token entered the loss), decide (`close_step`), drop a
+    non-finite step's gradients, step the optimizer and the schedule. `before_decision` runs before the step's
+    device values are read (the mechanism diagnostics' look at the micro-batches), `on_decision` sees the outcome
+    before the weights move (it may raise to stop the run). `queue_on_device=False` always decides on the host
+    first (the trainer ranks' sharded parameters)."""
+    with phase("clip_and_check"):
+        grad_norm = 0.0 if loss_tokens == 0 else clip_gradients(params, max_grad_norm)
+    # Where the optimizer can skip a step on the device, the step is queued before anything reads a device value,
+    # so the clip, the step and the reads below run back to back instead of the device waiting for the host between
+    # them; the decision is read afterwards and is the same.
+    queued = queue_on_device and loss_tokens > 0 and skips_on_device(optimizer)
+    if queued:
+        with phase("optimizer"):
+            step_on_device(optimizer, step_loss, grad_norm)
+    if before_decision is not None:
+        with phase("observe"):
+            before_decision()
+    with phase("clip_and_check"):
+        report = close_step(acc, loss_tokens=loss_tokens, step_loss=step_loss, grad_norm=grad_norm,
+                            lr=scheduler.get_last_lr()[0])
+    if report.non_finite:
+        optimizer.zero_grad(set_to_none=True)
+    if on_decision is not None:
+        on_decision(report)
+    if report.stepped:
+        with phase("optimizer"):
+            if not queued:
+                optimizer.step()
+            scheduler.step()
+    return report
+
+
 class InProcessLearner:
     """The update and the log-prob passes in this process, on the policy's own `PolicyForward`."""
 
@@ -208,32 +245,13 @@ class InProcessLearner:
                     torch.cuda.empty_cache()
                 budget = smaller
             acc.end_minibatch()     # loss/* of this optimizer step are complete: steps are averaged, not summed
-            with phase("clip_and_check"):
-                grad_norm = 0.0 if loss_tokens == 0 else clip_gradients(list(self._policy.parameters()),
-                                                                        self.max_grad_norm)
-            # Where the optimizer can skip a step on the device, the step is queued before anything reads a device
-            # value, so the clip, the step and the reads below run back to back instead of the device waiting for
-            # the host between them; the decision is read afterwards and is the same.
-            queued = loss_tokens > 0 and skips_on_device(self.optimizer)
-            if queued:
-                with phase("optimizer"):
-                    step_on_device(self.optimizer, step_loss, grad_norm)
-            if observe is not None:
-                with phase("observe"):
-                    for micro, token_maps in observed:
-                        observe(micro, token_maps)
-            with phase("clip_and_check"):
-                report = close_step(acc, loss_tokens=loss_tokens, step_loss=step_loss, grad_norm=grad_norm,
-                                    lr=self.scheduler.get_last_lr()[0])
-            if report.non_finite:
-                self.optimizer.zero_grad(set_to_none=True)
-            if on_step is not None:
-                on_step(report)
-            if report.stepped:
-                with phase("optimizer"):
-                    if not queued:
-                        self.optimizer.step()
-                    self.scheduler.step()
+
+            def look() -> None:
+                for micro, token_maps in observed:
+                    observe(micro, token_maps)
+            optimizer_step(self.optimizer, self.scheduler, list(self._policy.parameters()), acc,
+                           loss_tokens=loss_tokens, step_loss=step_loss, max_grad_norm=self.max_grad_norm,
+                           before_decision=look if observe is not None else None, on_decision=on_step)
         self._policy.eval()     # sampling and log-prob passes run without dropout
         with phase("metrics"):
             return acc.result()

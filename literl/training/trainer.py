@@ -23,7 +23,7 @@ import torch
 from literl.config.load import to_yaml
 from literl.run.checkpoint import (load_latest_checkpoint, non_finite_parameters, restore_rng_state, rng_state,
                                         save_checkpoint, save_model)
-from literl.assembly.components import RunComponents
+from literl.training.components import RunComponents
 from literl.model.lora import final_view
 from literl.model.precision import MASTER_DTYPE, compute_dtype
 from literl.training.learning_signal import no_signal_reason

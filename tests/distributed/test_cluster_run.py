@@ -20,7 +20,7 @@ import threading
 import pytest
 import torch
 
-from literl.assembly.components import build_components
+from literl.assembly.build import build_components
 from literl.config.load import load_config
 from literl.rollout.engine import SamplingParams
 from literl.run.metrics_log import read_metrics
@@ -73,7 +73,7 @@ def cluster_run(ray_cluster, tmp_path_factory):
     cfg = load_config(preset="lite_ppo", overrides=RUN + CLUSTER + [
         f"trainer.output_dir={tmp_path_factory.mktemp('cluster') / 'run'}"])
     parts = build_components(cfg, reward_fns=[length_reward])     # a reward that varies within groups
-    initial = {name: p.detach().clone() for name, p in parts.policy.named_parameters()}
+    initial = {name: p.detach().clone() for name, p in parts.learner.policy().named_parameters()}
     recording = Recording(parts.engine)
     parts.collector.engine = recording
     Trainer(parts)._fit()       # not fit(): its end stops the actors, which the tests below still use

@@ -86,20 +86,20 @@ def test_a_bfloat16_run_keeps_float32_masters_and_saves_final_in_bfloat16(tiny_q
     replay (it would be the fp32 rollout's, not the bf16 update's); after two steps the checkpoint holds float32
     weights and final/ bfloat16 ones, as its config.json says."""
     from literl import load_config
-    from literl.assembly.components import build_components
+    from literl.assembly.build import build_components
     from literl.training.trainer import Trainer
 
     cfg = load_config(preset="grpo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "run", "model.dtype=bfloat16",
                                                           "rollout.dtype=bfloat16", "algorithm.kl_coef=0.01",
                                                           "eval.before=false", "eval.every=0", "trainer.threads=1"))
     parts = build_components(cfg, reward_fns=[length_reward])
-    assert all(p.dtype == torch.float32 for p in parts.policy.parameters())
-    assert parts.policy_forward.compute_dtype == torch.bfloat16 and parts.policy_forward.recorder is None
-    assert all(p.dtype == torch.bfloat16 for p in parts.reference.model.parameters())
-    assert parts.engine.model is not parts.policy
+    assert all(p.dtype == torch.float32 for p in parts.learner.policy().parameters())
+    assert parts.learner.policy_forward.compute_dtype == torch.bfloat16 and parts.learner.policy_forward.recorder is None
+    assert all(p.dtype == torch.bfloat16 for p in parts.learner.reference.model.parameters())
+    assert parts.engine.model is not parts.learner.policy()
     assert all(p.dtype == torch.bfloat16 for p in parts.engine.model.parameters())
     run_dir = Trainer(parts).fit()
-    moments = [s["exp_avg"] for s in parts.optimizer.state.values()]
+    moments = [s["exp_avg"] for s in parts.learner.optimizer.state.values()]
     assert moments and all(m.dtype == torch.float32 for m in moments)
     checkpoint = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
     saved = load_file(str(checkpoint / "model" / "model.safetensors"))
@@ -107,7 +107,7 @@ def test_a_bfloat16_run_keeps_float32_masters_and_saves_final_in_bfloat16(tiny_q
     final = load_file(str(run_dir / "final" / "model.safetensors"))
     assert final and all(t.dtype == torch.bfloat16 for t in final.values())
     assert json.loads((run_dir / "final" / "config.json").read_text())["dtype"] == "bfloat16"
-    masters = dict(parts.policy.named_parameters())
+    masters = dict(parts.learner.policy().named_parameters())
     assert all(torch.equal(t, masters[k].detach().cpu().to(torch.bfloat16)) for k, t in final.items() if k in masters)
 
 

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from literl.algorithm.batch import POLICY_VERSION, STALENESS, RolloutBatch
-from literl.assembly.components import build_components
+from literl.assembly.build import build_components
 from literl.config.load import load_config
 from literl.model import PolicyForward
 from literl.config.errors import ConfigError
@@ -99,12 +99,12 @@ def test_is_weights_equal_a_hand_computation_from_the_recorded_versions(tiny_qwe
     cfg = _cfg(tiny_qwen3_dir, tmp_path / "r", "trainer.steps=2", "rollout.max_staleness=1",
                "algorithm.is_correction.name=token_tis", "algorithm.is_correction.params.cap=2.0")
     parts = build_components(cfg, reward_fns=[length_reward])
-    weights = {0: copy.deepcopy(parts.policy).eval()}
+    weights = {0: copy.deepcopy(parts.learner.policy()).eval()}
     prepared = []
     prepare = parts.objective.prepare
 
     def keep(batch, **kwargs):
-        weights.setdefault(len(prepared), copy.deepcopy(parts.policy).eval())     # the step's starting weights
+        weights.setdefault(len(prepared), copy.deepcopy(parts.learner.policy()).eval())     # the step's starting weights
         train_batch, metrics = prepare(batch, **kwargs)
         prepared.append((batch, train_batch))
         return train_batch, metrics
@@ -249,7 +249,7 @@ def test_partial_rollouts_switch_a_running_response_to_the_next_version_mid_way(
     prepare = parts.objective.prepare
 
     def keep(batch, **kwargs):
-        weights[len(prepared)] = copy.deepcopy(parts.policy).eval()
+        weights[len(prepared)] = copy.deepcopy(parts.learner.policy()).eval()
         prepared.append(batch)
         return prepare(batch, **kwargs)
 

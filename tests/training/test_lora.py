@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
-from literl.assembly.components import build_components                                 # noqa: E402
+from literl.assembly.build import build_components                                 # noqa: E402
 from literl.config.load import load_config                                   # noqa: E402
 from literl.model.lora import AdaptersOff, apply_lora, final_view, merged_state_dict  # noqa: E402
 from literl.model import PolicyForward                                         # noqa: E402
@@ -148,18 +148,18 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_merged_and_adapter(tiny_q
     cfg = load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "r", *LORA,
                                                               "algorithm.kl_coef=0.01", "optim.lr=5e-2"))
     parts = build_components(cfg, reward_fns=[length_reward])
-    assert isinstance(parts.reference, AdaptersOff) and parts.reference.forward.model is parts.policy
+    assert isinstance(parts.learner.reference, AdaptersOff) and parts.learner.reference.forward.model is parts.learner.policy()
     assert parts.cfg.trainer.replay_max_gib == 0
-    before = {n: p.detach().clone() for n, p in parts.policy.named_parameters()}
+    before = {n: p.detach().clone() for n, p in parts.learner.policy().named_parameters()}
     run_dir = Trainer(parts).fit()
-    after = dict(parts.policy.named_parameters())
+    after = dict(parts.learner.policy().named_parameters())
     frozen = [n for n in before if "lora_" not in n]
     assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)
     assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n)
     adapters = {id(p) for n, p in after.items() if "lora_" in n}
-    assert {id(p) for p in parts.optimizer.param_groups[0]["params"]} == adapters
+    assert {id(p) for p in parts.learner.optimizer.param_groups[0]["params"]} == adapters
     final = load_file(str(run_dir / "final" / "model.safetensors"))
-    merged = merged_state_dict(parts.policy)
+    merged = merged_state_dict(parts.learner.policy())
     assert all(torch.equal(final[k], merged[k].cpu()) for k in final)     # the files are read to the CPU
     assert (run_dir / "final" / "adapter" / "adapter_model.safetensors").is_file()
     assert any(not torch.equal(final[k], v) for k, v in load_file(str(tiny_qwen3_dir / "model.safetensors")).items()

@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from literl.assembly.components import build_components
+from literl.assembly.build import build_components
 from literl.config.load import load_config
 from literl.model import PolicyForward
 from literl.rollout.async_rollout import VersionedEngine
@@ -77,7 +77,7 @@ def test_a_vllm_engine_killed_mid_flight_is_restarted_and_the_run_completes(vllm
     prepare = parts.objective.prepare
 
     def keep(batch, **kwargs):
-        weights[len(batches)] = {k: v.clone() for k, v in parts.policy.state_dict().items()}
+        weights[len(batches)] = {k: v.clone() for k, v in parts.learner.policy().state_dict().items()}
         batches.append(batch)
         return prepare(batch, **kwargs)
 
