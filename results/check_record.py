@@ -4,8 +4,8 @@ b8e3f16, the last commit before the move) appears in today's docs/, results/, RE
     python results/check_record.py              # from the repository root; exit 1 when something is lost
     python results/check_record.py --show-reworded
 
-A line counts as kept when its text appears anywhere in the new pages (whitespace collapsed, so re-wrapped
-paragraphs match); a table row counts cell by cell, since long cells became paragraphs. A line that is not kept
+A line counts as kept when its text appears anywhere in the new pages (whitespace collapsed and link targets
+dropped, so re-wrapped paragraphs and re-pointed links match); a table row counts cell by cell, since long cells became paragraphs. A line that is not kept
 verbatim is "reworded" when every number in it still appears in the new pages, and "lost" otherwise.
 """
 
@@ -22,8 +22,13 @@ NUMBER = re.compile(r"[−+-]?\d[\d,.]*\d|\d")
 TRIVIAL = re.compile(r"^[\s|:\-`#*>]*$")
 
 
+LINK_TARGET = re.compile(r"\]\([^)\s]*\)")
+
+
 def _collapse(text: str) -> str:
-    return " ".join(text.split())
+    """Whitespace collapsed and link targets dropped: a paragraph re-wrapped, or a link re-pointed because its
+    page moved ("[x](docs/x.md)" → "[x](x.md)"), is the same text."""
+    return " ".join(LINK_TARGET.sub("]", text).split())
 
 
 def old_pages(base: str) -> dict[str, str]:
