@@ -5,7 +5,8 @@ b8e3f16, the last commit before the move) appears in today's docs/, results/, RE
     python results/check_record.py --show-reworded
 
 A line counts as kept when its text appears anywhere in the new pages (whitespace collapsed and link targets
-dropped, so re-wrapped paragraphs and re-pointed links match); a table row counts cell by cell, since long cells became paragraphs. A line that is not kept
+dropped, so re-wrapped paragraphs and re-pointed links match); a table row counts cell by cell, since long cells became
+paragraphs. A line that is not kept
 verbatim is "reworded" when every number in it still appears in the new pages, and "lost" otherwise.
 """
 

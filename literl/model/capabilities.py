@@ -453,7 +453,8 @@ def _update_memory(policy_forward) -> tuple[float, float]:
 
 # Where `trainer.compile=true` also compiles the LM head's tiles (`head.tile_statistics`, `head.tile_gradient`): on
 # CUDA, where the eager tiles' element-wise passes over fp32 logits were a quarter of the 1.7B body's compiled
-# update (its 151,936-token vocabulary; results/benchmarks/2026-11-27_h200_compiled-update.md). CPU keeps the eager tiles, sized to
+# update (its 151,936-token vocabulary; results/benchmarks/2026-11-27_h200_compiled-update.md). CPU keeps the eager
+# tiles, sized to
 # stay in its cache.
 FUSED_HEAD_TILES = ("cuda",)
 
