@@ -31,7 +31,8 @@ def test_every_key_explain_prints_is_a_row_of_the_page_with_the_same_help():
 
 
 def test_every_trick_explain_lists_has_a_row_under_its_axis():
-    """--explain lists `    name(params)  — doc` under `  axis:`; the page has a table per axis with a row per name."""
+    """--explain lists `    name(params)  — doc` under `  axis:`; the page has a table per axis with a row per
+    name."""
     page = markdown()
     tricks = explain().split("\nTricks (", 1)[1]
     axis = None
