@@ -34,7 +34,8 @@ fi
 #    update_profile: device seconds by kind, kernels, host synchronisations). Two warm-up steps: the one-time costs
 #    (compiling, sizing the micro-batches, a back-off after an out-of-memory micro-batch, which on an H200 came
 #    in the second step) stay out of the timed ones. Three timed steps: one timed step 10-20% slower than the
-#    other, for no reason the log gives, came in two of five 0.6B runs on an H200 (docs/speed.md, 2026-11-28); the
+#    other, for no reason the log gives, came in two of five 0.6B runs on an H200
+#    (results/benchmarks/2026-11-28_h200_gpu-step.md); the
 #    median of three sets such a step aside.
 for body in qwen3-0.6b qwen3-1.7b; do     # a process each: each body's compile seconds its own
   mark "$body, update compiled"
@@ -42,7 +43,8 @@ for body in qwen3-0.6b qwen3-1.7b; do     # a process each: each body's compile 
     --no-kernels --profile "$OUT/profile" >> "$OUT/steps.jsonl" 2>> "$OUT/steps.err"; echo "rc=$?" >> "$OUT/steps.err"
 done
 # 1b. the same 0.6B step with each distinct prompt shared in the stream, on the same machine in the same call (off
-#     by default: on an H200 its device time is 8-10% lower but its wall time no better, docs/speed.md; an H100,
+#     by default: on an H200 its device time is 8-10% lower but its wall time no better,
+#     results/benchmarks/2026-11-28_h200_gpu-step.md; an H100,
 #     more bound by its device, is where it might pay), profiled beside the whole rows' update
 mark "qwen3-0.6b, update compiled, shared prompts"
 timeout 150 python3 benchmarks/gpu_step.py --models qwen3-0.6b --steps 3 --warmup 2 --compile-update --no-hf \
@@ -56,7 +58,8 @@ echo "rc=$?" >> "$OUT/pytest_gpu.log"
 # (and the plugin tests, whose subprocesses need the carried packages' PYTHONPATH: they failed on the GPU image)
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_plugins.py >> "$OUT/pytest_gpu.log" 2>&1
 echo "rc=$?" >> "$OUT/pytest_gpu.log"
-# 3. eager, each packed attention kernel timed (HF generate against the rollout: measured on an H100 on 2026-11-27,
+# 3. eager, each packed attention kernel timed (HF generate against the rollout: measured on an H100:
+# results/benchmarks/2026-11-27_h100_gpu-step.md,
 #    `--no-hf` saves its ~50 s here); then the MoE while time is left
 left=$(( ${GPU_SESSION_S:-470} - ( $(date +%s) - start ) ))
 mark "0.6B eager and the MoE, ${left} s left"

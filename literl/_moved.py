@@ -50,6 +50,7 @@ MOVED = {
     "literl.arena.report_command": "literl.commands.report_command",
     "literl.evaluation.command": "literl.commands.eval_command",
     "literl.evaluation.metrics": "literl.evaluation.sample_metrics",
+    "literl.config_reference": "literl.config.reference",
     "literl.components": "literl.assembly.build",
     "literl.rollout.generator": "literl.rollout.engine",
     "literl.rollout.hf_engine": "literl.rollout.native_engine",

@@ -258,7 +258,7 @@ def format_fragility(entry: dict) -> str:
 
     The percentile bootstrap of a handful of paired differences is narrower than the t interval (at 5 pairs it
     treats the seeds' spread as known), so a verdict it alone supports is a lead to check on other seeds
-    (docs/arena.md, "Statistics": the findings' re-runs on new seeds)."""
+    (results/findings/instrument.md: the findings' re-runs on new seeds)."""
     if entry.get("verdict") not in (stats.HELPS, stats.HURTS) or entry.get("t_ci_low") is None:
         return ""
     return "fragile: t interval includes 0" if entry["t_ci_low"] <= 0.0 <= entry["t_ci_high"] else ""

@@ -31,6 +31,8 @@ def run_presets(args: argparse.Namespace) -> int:
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--explain", action="store_true", help="list every key with its help and every trick")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print --explain as the Markdown page docs/config-reference.md")
     parser.add_argument("--preset", default="lite_ppo", help="preset to resolve (default: lite_ppo)")
     parser.add_argument("--config", dest="config_file", help="YAML file layered over the preset")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
@@ -51,6 +53,11 @@ def run_config(args: argparse.Namespace) -> int:
         import_user_modules(args.imports)
         if args.explain:
             print(explain())
+            return 0
+        if args.markdown:
+            from literl.config.reference import markdown
+
+            print(markdown(), end="")
             return 0
         preset = None if args.preset == "none" else args.preset
         overrides = list(args.overrides)

@@ -440,6 +440,18 @@ def from_yaml_file(path: str | Path) -> Config:
 
 
 # ---------------------------------------------------------------------------------------------- explain
+# How the config layers merge: printed by `literl config --explain` and on docs/config-reference.md.
+LAYERS_NOTE = (
+    "Layers: defaults <- preset <- --config file <- key=value overrides. Maps merge key by key; a list",
+    "  is replaced whole (reward.fns=[...]) or one item is set by index (reward.fns.0.weight=2).",
+    "  algorithm.loss_masks, algorithm.policy_masks and algorithm.reward_shaping are maps of tricks: a map",
+    "  given for one, in a file or as algorithm.reward_shaping={...}, replaces the earlier map ({} clears",
+    "  it); a dotted key adds or merges one entry (algorithm.policy_masks.opsm.delta=0.5);",
+    "  algorithm.reward_shaping.NAME=null or ~algorithm.reward_shaping.NAME removes one entry.",
+    "  A parameter shown as <required> has no default: a config that names the trick must set it.",
+)
+
+
 def explain() -> str:
     """Every config key with its default and help, then every trick with its parameters."""
     from literl.algorithm.tricks import ALL
@@ -457,13 +469,7 @@ def explain() -> str:
             lines.append(f"  {key} = {_show(value)}    # {f.metadata.get('help', '')}")
 
     walk(Config(), "")
-    lines += ["", "Layers: defaults <- preset <- --config file <- key=value overrides. Maps merge key by key; a list",
-              "  is replaced whole (reward.fns=[...]) or one item is set by index (reward.fns.0.weight=2).",
-              "  algorithm.loss_masks, algorithm.policy_masks and algorithm.reward_shaping are maps of tricks: a map",
-              "  given for one, in a file or as algorithm.reward_shaping={...}, replaces the earlier map ({} clears",
-              "  it); a dotted key adds or merges one entry (algorithm.policy_masks.opsm.delta=0.5);",
-              "  algorithm.reward_shaping.NAME=null or ~algorithm.reward_shaping.NAME removes one entry.",
-              "  A parameter shown as <required> has no default: a config that names the trick must set it."]
+    lines += ["", *LAYERS_NOTE]
     lines += ["", *ENGINE_CHOICE_ON_GPU]
     lines.append("\nTricks (algorithm.<axis>.name, algorithm.<axis>.params.<param>; the map axes loss_mask, "
                  "policy_mask, reward_shaping: algorithm.<axis>s.<name>.<param>):")

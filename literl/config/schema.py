@@ -136,7 +136,7 @@ class VllmConfig:
 
 
 # Which rollout engine to pick on a GPU, and what each costs (`literl config --explain`; docs/speed.md, "GPU
-# decode"). Figures: one H200, torch 2.11+cu130, 2026-11-26, Qwen3-0.6B body, batch 256, <= 256 new tokens.
+# decode"). The figures behind it: results/benchmarks/2026-11-26_h200_gpu-decode.md.
 ENGINE_CHOICE_ON_GPU = (
     "Rollout engine on a GPU (rollout.engine):",
     "  vllm  where vLLM is installed (./run.sh vllm-setup installs the CUDA build) and the model is large: engines",
@@ -146,10 +146,10 @@ ENGINE_CHOICE_ON_GPU = (
     "        record for the update to replay.",
     "  native literl's own engine, the default and the choice without vLLM: no second process, no weight sync (it",
     "        samples from the policy module itself), MoE routes recorded for R3. On CUDA it decodes with the",
-    "        fixed-shape step captured as CUDA graphs per batch bucket (rollout.decode=auto). Measured on an H200,",
-    "        0.6B body: 17,900 tok/s, 5.1x HF generate (3,543 tok/s warm); with rollout.compile=true 28,000 tok/s",
-    "        (compile 22 s once). Before the graphs: 1,275 tok/s on an H100. Costs: graphs captured once per batch",
-    "        size (~1 s), the KV cache kept between steps while the graphs are held.",
+    "        fixed-shape step captured as CUDA graphs per batch bucket (rollout.decode=auto), several times faster",
+    "        than HF generate (rollout.compile=true: faster still, after a one-off compile; measured:",
+    "        results/benchmarks/2026-11-26_h200_gpu-decode.md). Costs: graphs captured once per batch size (about",
+    "        a second), the KV cache kept between steps while the graphs are held.",
 )
 
 
@@ -319,10 +319,10 @@ class TrainerConfig:
                                            "always: run the recompute pass every step")
     device: str = knob("auto", "auto | cpu | cuda")
     compile: bool = knob(False, "torch.compile the training forward's decoder layers (Llama/Qwen-style models; "
-                                "~10-30 s once; CPU: ~20% less update time on the speed benchmark; CUDA's packed "
-                                "route: each layer with its attention one graph, and the LM head's tiles, "
-                                "compiled: a Qwen3-0.6B body's update 2.2x faster than eager on an H200; on an "
-                                "H100 28% of its bf16 peak, a 1.7B body's 42%; docs/speed.md)")
+                                "tens of seconds once; CPU: less update time on the speed benchmark; CUDA's "
+                                "packed route: each layer with its attention one graph, and the LM head's tiles, "
+                                "compiled: the update's element-wise work fused; figures in results/benchmarks/, "
+                                "docs/speed.md)")
     packed_attention: str = knob("auto", "the update's packed route (whole rows as one token stream, no padding; "
                                          "literl/model/packing.py): auto (CUDA: the first of varlen, padded that "
                                          "matches the model's own forward; CPU: rows are not packed) | off | "
@@ -357,7 +357,7 @@ class EvalConfig:
                                  "is deployed: with rollout.dtype=float8_e4m3/int4/bfloat16 its rounded copy) | "
                                  "trainer (literl's engine over the trainer's own weights, at their precision): where "
                                  "engine and trainer differ, the two can rank IS corrections differently "
-                                 "(docs/arena.md, finding g)")
+                                 "(results/findings/finding_g.md)")
 
 
 @dataclass

@@ -244,7 +244,8 @@ def gathered_keys(x_MJD: torch.Tensor, layout: VarlenLayout) -> torch.Tensor:
     """x_MJD's rows in the segments' key order (`packing.PackedRows.key_Y`): every stream token's own key placed
     once, then the copies of prompt keys in the response segments. Its backward gathers the own keys' gradients
     and sums only the A copies'; `x_MJD.index_select(0, key_Y)` gave the same values, but its backward, an
-    index_add with atomics over every key, took 17.5 ms of a 0.28 s update on an H100 (bfloat16; docs/speed.md)."""
+    index_add with atomics over every key, cost as much as the shared prompts saved (bfloat16;
+    results/benchmarks/2026-11-27_h100_compiled-update.md)."""
     keys = x_MJD.new_empty((x_MJD.shape[0] + layout.copy_slot_A.shape[0], *x_MJD.shape[1:]))
     keys = keys.index_copy(0, layout.own_slot_M, x_MJD)
     return keys.index_copy(0, layout.copy_slot_A, x_MJD.index_select(0, layout.copy_source_A))
@@ -264,7 +265,7 @@ def varlen_in_graph(layout: VarlenLayout, options: dict):
     a custom operator with a fake kernel, so torch.compile traces it as one node of the layer's graph, the
     segments' starts (and shared prompts' key positions) tensor inputs and the lengths symbolic ints; a layer is
     then one graph forward and one backward, not two graphs with an eager kernel between them (on an H100 the
-    host's cost per layer call was what the GPU waited for: docs/speed.md)."""
+    host's cost per layer call was what the GPU waited for: results/benchmarks/2026-11-27_h200_compiled-update.md)."""
     def attend(attn, query_MQD, key_MJD, value_MJD):
         return varlen_segments(*_in_autocast_dtype(query_MQD, key_MJD, value_MJD), layout, options).flatten(1)
 

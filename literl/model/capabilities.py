@@ -312,7 +312,7 @@ def _moe_blocks_match(model: torch.nn.Module) -> bool:
 
 # ------------------------------------------------------------------------------------------ device routes
 # Devices whose update replays the rollout's recorded forward (literl/model/record.py). On CPU it is measured to
-# pay (docs/speed.md: update time −15% eager, −27% compiled against the computed forward, alternating A/B). On a
+# pay against the computed forward (results/benchmarks/2026-11-24_cpu_step-vs-trl.md). On a
 # GPU it is not measured, and the arithmetic says it does not pay: a record moves
 # ~1.4 MB per token (Qwen3-0.6B: 28 layers × 12,288 fp32 outputs) to save ~1 µs of matmul per token at H100 rates
 # (2N = 0.9 GFLOP at 989 TFLOP/s), and a replayed update cannot take the packed route. So it is off there.
@@ -320,17 +320,17 @@ RECORD_REPLAY_DEVICES = ("cpu",)
 
 # Devices whose update packs whole rows into one token stream, and the attention kernels to try there, in order
 # (`attention.packed`). CUDA: varlen first (flash attention over the row starts: no padding, no mask, native
-# grouped-query heads), then padded rows through SDPA's flash kernel (no mask, `is_causal`): measured on an H200,
-# varlen 0.55 s and padded 0.66 s for the 0.6B body's rows (docs/speed.md). CPU packs nothing: its shared-prompt
+# grouped-query heads), then padded rows through SDPA's flash kernel (no mask, `is_causal`): varlen measured the
+# faster on the 0.6B body's rows (results/benchmarks/2026-11-26_h200_gpu-step.md). CPU packs nothing: its shared-prompt
 # and replayed forwards are measured faster there and keep the default job's numbers.
 PACKED_ROUTE: dict[str, tuple[str, ...]] = {"cuda": ("varlen", "padded")}
 # The packed kernels whose stream shares each distinct prompt among the rows that continue it (`packing`, module
 # docstring): a GRPO group's prompt runs through the layers once, its keys and values gathered for each response
 # (a segment with more keys than queries, causal aligned at its end: the CUDA probe and gpu test pass). NOT ON
-# with varlen, by measurement (docs/speed.md): on an H100 (2026-11-27) the first gather's backward, bfloat16
-# atomics, took back the 11% of matmul time saved; with the gather rebuilt (`attention.gathered_keys`), in two
-# calls on an H200 (2026-11-28) the device time fell 8-10% but the update's wall time moved less than its spread
-# between steps (+1.3%, -1.8%): the host lays out the longer stream. The document-mask kernel (the CPU reference)
+# with varlen, by measurement: the gather's backward took back the matmul time the shorter stream saved, and
+# rebuilt (`attention.gathered_keys`) it lowers the device time but not the update's wall time, since the host
+# lays out the longer stream (results/benchmarks/2026-11-27_h100_compiled-update.md, 2026-11-28_h200_gpu-step.md).
+# The document-mask kernel (the CPU reference)
 # shares, so CI tests the layout; `padded` attends within whole rows only.
 SHARED_PACKED_PROMPTS: tuple[str, ...] = ("document_mask",)
 
@@ -374,7 +374,7 @@ CPU_MICRO_BATCH_TOKENS = 16384
 # forward and backward takes whatever its size): the rest absorbs fragmentation. On an H100 the eager update ran
 # at the sizes it gave (peaks 64 and 74 of 79 GiB); the compiled 1.7B body's did not, neither on an H100 nor, with
 # the size-independent part subtracted, on an H200: a micro-batch that runs out of memory makes the learner start
-# its optimizer step again smaller (`learner.OOM_BACKOFF`; docs/speed.md, "Figures on an H200").
+# its optimizer step again smaller (`learner.OOM_BACKOFF`; results/benchmarks/2026-11-27_h200_compiled-update.md).
 AUTO_MEMORY_SHARE = 0.8
 AUTO_PROBE_TOKENS = (1024, 3072)
 AUTO_TOKEN_LIMITS = (1024, 262144)
@@ -417,7 +417,8 @@ def _update_memory(policy_forward) -> tuple[float, float]:
     the head's tiles; less the gradients, which `micro_batch_tokens` counts apart). One unmeasured call at the first
     size goes first: a first call allocates what later calls reuse (a compiled forward compiles in it), which would
     count as memory of the first size and make the per-token figure too small. Both were added after the 1.7B body's
-    compiled update ran out of memory on an H100 at the size the plain difference gave (docs/speed.md)."""
+    compiled update ran out of memory on an H100 at the size the plain difference gave
+    (results/benchmarks/2026-11-27_h100_gpu-step.md)."""
     device, model = policy_forward.device, policy_forward.model
     vocab = model.get_output_embeddings().out_features
     params = [p for p in model.parameters() if p.requires_grad]
@@ -451,8 +452,10 @@ def _update_memory(policy_forward) -> tuple[float, float]:
 
 
 # Where `trainer.compile=true` also compiles the LM head's tiles (`head.tile_statistics`, `head.tile_gradient`): on
-# CUDA, where the eager tiles' element-wise passes over fp32 logits were ~0.5 s of the 1.7B body's 1.9 s compiled
-# update (its 151,936-token vocabulary; docs/speed.md). CPU keeps the eager tiles, sized to stay in its cache.
+# CUDA, where the eager tiles' element-wise passes over fp32 logits were a quarter of the 1.7B body's compiled
+# update (its 151,936-token vocabulary; results/benchmarks/2026-11-27_h200_compiled-update.md). CPU keeps the eager
+# tiles, sized to
+# stay in its cache.
 FUSED_HEAD_TILES = ("cuda",)
 
 

@@ -274,8 +274,9 @@ def packed_layer(layer, hidden_MH: torch.Tensor, cos_M1D: torch.Tensor, sin_M1D:
 def compiled_packed_layer():
     """`packed_layer` through `torch.compile`: inductor fuses the layer's element-wise work (the norms, their
     float32 casts, rotary, SiLU·up, the residual adds) forward and backward, which eager runs as ~50 separate
-    memory-bound kernels per layer and micro-batch: on an H100 they took 3× the matmuls' device time in the
-    0.6B body's update (docs/speed.md). One graph serves every layer (the layer's weights are graph inputs) and
+    memory-bound kernels per layer and micro-batch: eager they took several times the matmuls' device time
+    (results/benchmarks/2026-11-27_h100_gpu-step.md). One graph serves every layer (the layer's weights are graph
+    inputs) and
     every stream length; the attention kernel itself runs eagerly between the layer's two graphs
     (`attention.packed`), so the rows' starts and width never become guards. A stream of one token runs eagerly."""
     return compile_for_varying_sizes(packed_layer, name="a packed layer",
@@ -295,7 +296,8 @@ def varlen_layer(layer, hidden_MH: torch.Tensor, cos_M1D: torch.Tensor, sin_M1D:
 def compiled_varlen_layer():
     """`varlen_layer` through `torch.compile`: the layer and its attention in one graph forward and one backward
     (`compiled_packed_layer` calls two graphs and an eager kernel per layer, whose host cost the GPU waited for
-    in the 0.6B body's update: docs/speed.md). One graph serves every layer, stream length and width (the width
+    in the 0.6B body's update: results/benchmarks/2026-11-27_h200_compiled-update.md). One graph serves every layer,
+    stream length and width (the width
     is a symbolic int: no recompile per micro-batch); a stream of one token or rows of one token run eagerly. A
     stream with shared prompts is a graph of its own (the keys' gather in it)."""
     return compile_for_varying_sizes(varlen_layer, name="a packed layer (varlen in the graph)",

@@ -5,7 +5,7 @@ of MB). glibc's malloc serves blocks above its mmap threshold with fresh `mmap`s
 and trims the top of its heap once more than 128 KiB there is free; the next step's blocks then come from
 pages the kernel must fault in and zero again. On the step-speed benchmark's update (CPU, one pass over
 6.4k tokens) that was 14k-70k page faults and 20-90 ms of system time per step. With the thresholds raised,
-the update took none, and the step ran ~7% faster eager and ~2% compiled (docs/speed.md).
+the update took none, and the step ran faster (results/benchmarks/2026-11-24_cpu_step-vs-trl.md).
 
 The cost: the process keeps its peak heap (freed blocks stay mapped for the next allocation, resident set
 size no longer falls between steps). Blocks above 32 MiB, glibc's largest mmap threshold, still come from

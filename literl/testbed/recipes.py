@@ -237,7 +237,8 @@ SKEWED_ALIGNED = dataclasses.replace(
 # budget within groups that also hold short answers. Over `base`, whose canonical lines the unchecked half keeps (at
 # its slip rate 0.2), so the phase teaches the checked form; 1000 steps at 1e-3 as `long` taught its new tier. A first
 # build (600 steps, the checked solutions' step lines slipped and only their checks right) gave checked responses
-# only 10 points more often right than unchecked ones at 3-4 operations (docs/testbed.md, rejected probes). Measured at
+# only 10 points more often right than unchecked ones at 3-4 operations (results/testbed/regimes.md, rejected probes).
+# Measured at
 # 128 new tokens, which no checked solution of 1-4 operations exceeds.
 CHECKED = dataclasses.replace(
     BASE, variant="checked", parent=BASE, num_threads=1, measure=MeasureSettings(max_new_tokens=128),
@@ -248,7 +249,7 @@ CHECKED = dataclasses.replace(
 # same phase as `checked` (1000 steps at 1e-3 over `base`, slips at 0.2 in the worked half), measured at 128 tokens. A
 # first build of this style (600 steps, `ba3ef80`) failed three of its four bars and was removed; this one passes two
 # and misses the held-out bar (23.5% sampled against >= 30%: two thirds of its responses answer at once), which
-# docs/testbed.md reports beside finding_d's verdict.
+# results/testbed/regimes.md reports beside finding_d's verdict.
 DIRECT = dataclasses.replace(
     BASE, variant="direct", parent=BASE, num_threads=1, measure=MeasureSettings(max_new_tokens=128),
     alignment=SFTPhase(steps=1000, lr=1e-3, slip_rate=0.2, warmup_steps=50, style="direct"),

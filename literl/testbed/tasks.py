@@ -172,7 +172,7 @@ def skewed_solution_text(steps: list[tuple[int, str, int, int]], rng: random.Ran
     15%). A policy trained on these puts ~0.85 on the canonical choice and a few percent on each valid
     alternative: low-probability tokens that a correct response can carry, the "exploration" tokens that PPO's
     upper clip bound caps (DAPO §3.1; LitePPO §4.2). The `varied` style's 50/50 choices leave alternatives near
-    p = 0.5, whose ratio rarely passes 1.2 (docs/testbed.md, rejected probes)."""
+    p = 0.5, whose ratio rarely passes 1.2 (results/testbed/regimes.md, rejected probes)."""
     lines = []
     for left, op, right, result in steps:
         swapped = spaced = False
@@ -200,7 +200,7 @@ def checked_solution_text(numbers: list[int], ops: list[str]) -> str:
     Why no slips at all: a first build slipped the step lines at the canonical rate and wrote only the check lines
     right; the policy it gave got its check lines right 81.5% of the time against 70% for its unchecked lines, and
     its checked responses at 3-4 operations only 10 points more often right than its unchecked ones (the bar was 15;
-    docs/testbed.md, rejected probes)."""
+    results/testbed/regimes.md, rejected probes)."""
     worked = solution_steps(numbers, ops)
     if worked is None:
         raise ValueError(f"expression {expression_text(numbers, ops)!r} leaves 0-{MAX_VALUE}; no checked solution")
@@ -222,7 +222,7 @@ def direct_solution_text(answer: int) -> str:
     but a 3-4-operation one chains facts no line writes down, so the tiny model mostly guesses (docs/testbed.md,
     `direct`). The worked way's edge there is computation that needs its tokens, which RL cannot hand to the short
     way within a run — the edge the `checked` regime lacked (its careful form's only edge was slip-free lines, which
-    RL gave every form: docs/arena.md, finding_d)."""
+    RL gave every form: results/findings/finding_d.md)."""
     if not 0 <= answer <= MAX_VALUE:
         raise ValueError(f"answer {answer} leaves 0-{MAX_VALUE}; no direct solution")
     return f"\\boxed{{{answer}}}"

@@ -1,5 +1,5 @@
 """The shipped positive control runs in the shipped specs' setting and differs from its baseline only in a
-learning rate ten times the testbed's tuned one (its result is in docs/arena.md)."""
+learning rate ten times the testbed's tuned one (its result is in results/findings/positive_control.md)."""
 
 from __future__ import annotations
 
