@@ -212,7 +212,7 @@ def test_the_engine_contract_is_checked_with_clear_errors():
 
 @pytest.mark.skipif(sandbox_isolation() != "namespaced", reason="needs namespaced isolation: root and `unshare`")
 def test_hostile_code_in_an_episode_becomes_observations_and_the_episode_ends_normally():
-    sandbox = PythonSandbox(SandboxLimits(wall_s=5, cpu_s=1, memory_mb=256))
+    sandbox = PythonSandbox(SandboxLimits(wall_s=120, cpu_s=1, memory_mb=256))
 
     def python(code: str) -> str:
         """Run Python code.
