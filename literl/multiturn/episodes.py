@@ -183,7 +183,7 @@ def _after_step(episode: _Episode, result: StepResult, chat: ChatFormat, caps: E
         return False
     observations, shown, cut = [], [], 0
     for message in result.observations:
-        ids, was_cut = _observation_ids(message["content"], chat, caps.max_tool_response_tokens)
+        ids, was_cut = _observation_ids(str(message["content"]), chat, caps.max_tool_response_tokens)
         observations.append(ids)
         shown.append({"role": message["role"], "content": chat.decode(ids) if was_cut else str(message["content"])})
         cut += was_cut

@@ -74,16 +74,16 @@ def first_stop(ids: Sequence[int], stop_token_ids: Sequence[int], stop_strings: 
     None when there is none. Cutting a sample there is exact: the kept ids and their log-probs are what
     sampling with that stop would have produced."""
     stops = set(stop_token_ids)
-    token_stop = next((i + 1 for i, t in enumerate(ids) if t in stops), None)
-    string_stop = None
+    found = next((i + 1 for i, t in enumerate(ids) if t in stops), None)
     if stop_strings:
-        text = decode(list(ids))
-        if any(s in text for s in stop_strings):
-            for n in range(1, len(ids) + 1):
-                if token_stop is not None and n >= token_stop:
-                    break
-                if any(s in decode(list(ids[:n])) for s in stop_strings):
-                    string_stop = n
-                    break
-    found = [n for n in (token_stop, string_stop) if n is not None]
-    return min(found) if found else None
+        # A longer prefix decodes to a longer text, so "contains a stop string" is monotone in the prefix length:
+        # bisect it (a few decodes, not one per token).
+        horizon = found or len(ids)
+        contains = lambda n: any(s in decode(list(ids[:n])) for s in stop_strings)
+        if contains(horizon):
+            low, high = 1, horizon
+            while low < high:
+                middle = (low + high) // 2
+                low, high = (low, middle) if contains(middle) else (middle + 1, high)
+            found = low
+    return found

@@ -68,8 +68,11 @@ class ToolRunner:
         except TypeError as exc:
             return f"tool {call.name!r}: {exc}; its parameters: {', '.join(params['properties']) or '(none)'}"
         for key, value in call.arguments.items():
-            expected = params["properties"].get(key, {}).get("type")
+            declared = params["properties"].get(key, {})
+            expected = declared.get("type")
             ok_types = _JSON_CHECKS.get(expected)
+            if value is None and declared.get("nullable"):
+                continue
             if ok_types and (not isinstance(value, ok_types) or (expected != "boolean" and isinstance(value, bool))):
                 return f"tool {call.name!r}: argument {key!r} must be {expected} (got {type(value).__name__})"
         return None

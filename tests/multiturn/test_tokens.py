@@ -50,3 +50,11 @@ def test_first_stop_finds_the_shortest_prefix_ending_at_a_token_or_a_string():
 def test_append_only_is_a_prefix_check_on_the_rendered_history():
     assert is_append_only("<a>x</a>", "<a>x</a><b>y</b>")
     assert not is_append_only("<a><think>r</think>x</a>", "<a>x</a><b>y</b>")
+
+
+def test_first_stop_on_a_string_finds_the_earliest_prefix_even_when_it_occurs_twice():
+    """'xxcdxcd' one char per id: 'cd' first ends at the 4th id (the bisection must not land on the second)."""
+    text = "xxcdxcd"
+    decode = lambda ids: "".join(text[i] for i in ids)
+    assert first_stop(list(range(7)), [], ["cd"], decode) == 4
+    assert first_stop(list(range(7)), [], ["cd", "xx"], decode) == 2

@@ -62,3 +62,20 @@ def test_every_kind_of_bad_call_is_an_error_observation_in_order():
     assert [r.status for r in results] == ["ok"] + ["error"] * 6
     assert threading.active_count() < 50
     runner.close()
+
+
+def maybe(limit: int | None = None) -> str:
+    """Echo the limit.
+
+    Args:
+        limit: a cap, or null for none
+    """
+    return str(limit)
+
+
+def test_an_optional_argument_accepts_null_and_refuses_a_wrong_type():
+    runner = ToolRunner({"maybe": maybe}, timeout_s=5)
+    ok, bad = runner.run([ToolCall("maybe", {"limit": None}), ToolCall("maybe", {"limit": "3"})])
+    assert (ok.text, ok.status) == ("None", "ok")
+    assert bad.text == "Error: tool 'maybe': argument 'limit' must be integer (got str)"
+    runner.close()
