@@ -11,7 +11,8 @@ sample is what sampling with the stop would have given).
 
 Per turn, for each live episode:
 1. the sampled ids (mask 1, their log-probs kept) are appended to the episode's current sample;
-2. a turn that reached its token cap without a stop ends the episode: "length";
+2. a turn that ended without a stop (its token cap, or the engine's own length limit) ends the episode:
+   "length";
 3. otherwise the environment steps on the parsed turn; an exception there ends the episode: "tool_failure"
    (its message kept in `failure`), the other episodes go on; done ends it with the environment's reason
    ("answer" or "eos");
@@ -21,6 +22,8 @@ Per turn, for each live episode:
    When the template is not append-only (re-rendering the history changed an earlier turn, e.g. stripped its
    reasoning), the episode instead starts a new sample whose prompt is the re-rendered history: each sample
    holds exactly the ids the engine was given and sampled.
+`trajectory.messages` holds what the engine saw and sampled: the tool results of a turn that ends the episode
+at "max_turns" or "length" are in `tool_results`, not in the messages.
 Budgets count the tokens after the first prompt in the engine's context: `max_response_tokens` bounds
 sampled + boundary + observation ids together, `max_turn_tokens` one turn's sampled ids.
 """

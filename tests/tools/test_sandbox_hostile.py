@@ -167,3 +167,18 @@ def _uid(pid: str) -> int:
         return os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return -1
+
+
+@namespaced
+def test_sandboxes_run_side_by_side_each_as_its_own_user():
+    """Four calls through the runner at once: each sees only its own processes and runs as its own uid."""
+    from literl.tools import ToolCall, ToolRunner
+
+    runner = ToolRunner({"python": python}, timeout_s=60, max_workers=4)
+    code = "import os\nprint(os.getuid(), sorted(p for p in os.listdir('/proc') if p.isdigit()))"
+    results = runner.run([ToolCall("python", {"code": code})] * 4)
+    uids = [r.text.split()[0] for r in results]
+    assert [r.status for r in results] == ["ok"] * 4
+    assert len(set(uids)) == 4 and all(int(u) >= FIRST_SANDBOX_UID for u in uids)
+    assert all(r.text.split(" ", 1)[1] == "['1', '2']\n" for r in results)   # the launcher and the code itself
+    runner.close()
