@@ -15,7 +15,8 @@ containers; probed once, `sandbox_isolation()`):
   process the code started ends with it (fork bombs included);
 - an unprivileged user id of its own per call (RLIMIT_NPROC then bounds its processes);
 - every mount read-only, private tmpfs over /tmp, /var/tmp, /dev/shm and /run/lock (the working directory is
-  /tmp/work inside it), and a folder closed to other users on the interpreter's path (/root) hidden;
+  /tmp/work inside it); a folder closed to other users on the interpreter's path (/root) is hidden behind an
+  empty tmpfs, and only the interpreter's own folders (its venv, its installation) are bound back, read-only;
 - a clean environment (PATH, HOME, LANG only): nothing of the trainer's environment (tokens, keys) is passed.
 
 "basic" (not root, or no `unshare`): the limits, the clean environment and a fresh temporary working directory
@@ -101,7 +102,7 @@ class PythonSandbox:
         status_read, status_write = os.pipe()
         workdir = None
         config = {"mode": self.isolation, "status_fd": status_write, "python": self.python,
-                  "python_prefix": sys.base_prefix, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
+                  "interpreter_dirs": _interpreter_dirs(self.python), "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
                   "file_size_mb": limits.file_size_mb, "tmpfs_mb": limits.tmpfs_mb,
                   "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}}
         if self.isolation == "namespaced":
@@ -184,6 +185,17 @@ class PythonSandbox:
         if exit_code != 0:
             return ToolOutput(_join(text, f"(exit code {exit_code})"), "error")
         return ToolOutput(text if text.strip() else "(no output)", "ok")
+
+
+def _interpreter_dirs(python: str) -> list[str]:
+    """The folders the interpreter needs: its environment (a venv: the folder holding bin/python and
+    pyvenv.cfg) and the installation the executable resolves to, outermost first, without nesting."""
+    candidates = {os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(python)))),
+                  os.path.realpath(os.path.dirname(os.path.dirname(os.path.realpath(python))))}
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        candidates |= {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+    ordered = sorted(candidates, key=len)
+    return [d for i, d in enumerate(ordered) if not any(d.startswith(o + "/") for o in ordered[:i])]
 
 
 def _join(text: str, note: str) -> str:

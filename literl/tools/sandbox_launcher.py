@@ -3,8 +3,9 @@
 Reads the code on stdin and a JSON configuration in argv[1]. In "namespaced" mode it runs as root inside
 fresh network, PID and mount namespaces (`unshare`): it makes every existing mount read-only, puts private
 size-limited tmpfs over the world-writable folders (/tmp, /var/tmp, /dev/shm, /run/lock) and the working
-directory inside /tmp, and, where the interpreter lives under a folder other users cannot enter (/root), hides
-that folder behind an empty tmpfs and binds only the interpreter back. It then forks the user's code under
+directory inside /tmp, hides folders other users cannot enter on the interpreter's path (/root) behind an
+empty tmpfs, and binds the interpreter's own folders back read-only (from handles opened before hiding, so an
+interpreter under /root or /tmp stays runnable). It then forks the user's code under
 resource limits as an unprivileged user id of its own, waits for it and writes its wait status to the status
 pipe. Being PID 1 of the namespace, its exit ends every process the code started.
 
@@ -37,6 +38,18 @@ def _mount_points():
 
 def _confine_filesystem(config, notes):
     libc = ctypes.CDLL(None, use_errno=True)
+    # The interpreter's folders are opened before anything is hidden, and bound back from those handles
+    # afterwards: an interpreter under /root (closed to other users) or under /tmp (covered by the private
+    # tmpfs) stays runnable, while the rest of those folders stays out of sight.
+    hidden = []
+    kept = []
+    for folder in config["interpreter_dirs"]:
+        closed = _first_closed_ancestor(folder)
+        private = any(folder == p or folder.startswith(p + "/") for p in PRIVATE_TMPFS)
+        if closed is not None and not private:
+            hidden.append(closed)
+        if closed is not None or private:
+            kept.append((folder, os.open(folder, os.O_PATH | os.O_DIRECTORY)))
     for point in sorted(set(_mount_points()), key=len):
         if any(point == skip or point.startswith(skip + "/") for skip in SKIP_READ_ONLY):
             continue
@@ -50,21 +63,16 @@ def _confine_filesystem(config, notes):
     for folder in PRIVATE_TMPFS:
         if os.path.isdir(folder):
             _mount(libc, "tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=1777")
-    prefix = config["python_prefix"]
-    blocked = _first_closed_ancestor(prefix)
-    if blocked is not None:
-        # Bind the interpreter aside, hide the closed folder (e.g. /root: it may hold credentials) behind an
-        # empty tmpfs, and bind the interpreter back at its own path so that the code's uid can run it.
-        aside = "/tmp/.literl-python"
-        os.makedirs(aside)
-        _mount(libc, prefix, aside, None, MS_BIND | MS_REC)
-        _mount(libc, "tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-        os.makedirs(prefix, mode=0o755, exist_ok=True)
-        _mount(libc, aside, prefix, None, MS_BIND | MS_REC)
-        _mount(libc, None, prefix, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-        _mount(libc, None, blocked, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-        libc.umount2(aside.encode(), 2)   # MNT_DETACH
-        os.rmdir(aside)
+    hidden = [h for h in sorted(set(hidden), key=len) if not any(h.startswith(o + "/") for o in hidden)]
+    for folder in hidden:
+        _mount(libc, "tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for folder, handle in kept:
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        _mount(libc, f"/proc/self/fd/{handle}", folder, None, MS_BIND | MS_REC)
+        _mount(libc, None, folder, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        os.close(handle)
+    for folder in hidden:
+        _mount(libc, None, folder, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
 
 
 def _first_closed_ancestor(path):

@@ -182,3 +182,20 @@ def test_sandboxes_run_side_by_side_each_as_its_own_user():
     assert len(set(uids)) == 4 and all(int(u) >= FIRST_SANDBOX_UID for u in uids)
     assert all(r.text.split(" ", 1)[1] == "['1', '2']\n" for r in results)   # the launcher and the code itself
     runner.close()
+
+
+@namespaced
+def test_an_interpreter_in_a_closed_folder_under_tmp_runs_and_its_neighbours_stay_hidden(tmp_path):
+    """A venv in a 0700 folder under /tmp (the private tmpfs covers /tmp): the sandbox binds the venv back, runs
+    its python as an unprivileged user, and a secret file beside the venv is not there."""
+    import subprocess
+    import sys
+
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    (closed / "secret.txt").write_text("hunter2")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(closed / "venv")], check=True)
+    sandbox = PythonSandbox(FAST, python=str(closed / "venv" / "bin" / "python"))
+    out = sandbox.run("import sys, os\nprint(sys.prefix)\n"
+                      f"print(os.path.exists({str(closed / 'secret.txt')!r}))")
+    assert out == f"{closed / 'venv'}\nFalse\n"
