@@ -68,3 +68,51 @@ def test_testbed_episodes_through_literls_engine_carry_the_policys_own_log_probs
         assert (rollout[~mask] == 0).all()
     # the warmed-up testbed model ends a solution with EOS well within 48 tokens, so episodes reach turn 2
     assert two_turns >= 2
+
+
+class AskAgain:
+    """A simulated user: every turn gets the reply 'Again?' until the turn cap ends the episode."""
+
+    def reset(self, problem):
+        return [{"role": "user", "content": problem["problem"]}]
+
+    def step(self, turn):
+        return StepResult([{"role": "user", "content": "Again?"}])
+
+
+def test_chat_template_episodes_through_literls_engine_frame_turns_and_keep_the_policys_log_probs():
+    """A tiny random Qwen3 over the chat tokenizer, its head biased (+4) towards <|im_end|> and </tool_call> so
+    that turns end within a few tokens; decode route "dynamic" (the model's own forward, so the bias applies).
+    Turns that sampled <|im_end|> are followed by '\\n<|im_start|>user...', those that stopped at </tool_call> by
+    an inserted '<|im_end|>' first; every sampled token's log-prob is the policy's in the full context."""
+    from literl.testbed.chat_tokenizer import build_chat_tokenizer
+    from tests.conftest import build_tiny_qwen3
+
+    tokenizer = build_chat_tokenizer("hermes_tools")
+    model = build_tiny_qwen3(seed=3, vocab_size=len(tokenizer), tie_word_embeddings=False).eval()
+    bias = torch.zeros(len(tokenizer))
+    bias[[101, 103]] = 4.0
+    model.lm_head.bias = torch.nn.Parameter(bias)
+    chat = ChatFormat(tokenizer, "qwen3")
+    engine = HFEngine(model, eos_token_ids=chat.stop_token_ids, pad_id=tokenizer.pad_token_id, decode="dynamic")
+    generate = engine_turns(engine, SamplingParams(temperature=1.0), rng=torch.Generator().manual_seed(1))
+    problems = [{"problem": f"Question {i}"} for i in range(6)]
+    trajectories = run_episodes(generate, problems, lambda p: AskAgain(), chat,
+                                EpisodeCaps(max_turns=3, max_turn_tokens=24, max_response_tokens=200))
+    frame_after = {101: "\n<|im_start|>user\nAgain?<|im_end|>\n<|im_start|>assistant\n",
+                   103: "<|im_end|>\n<|im_start|>user\nAgain?<|im_end|>\n<|im_start|>assistant\n"}
+    seen_endings = set()
+    for trajectory in trajectories:
+        (sample,) = trajectory.samples
+        mask = sample.response_mask
+        for start in range(1, len(mask)):
+            if mask[start - 1] == 1 and mask[start] == 0:          # a boundary: the turn before it ended at a stop
+                end = start + mask[start:].index(1) if 1 in mask[start:] else len(mask)
+                last_sampled = sample.response_ids[start - 1]
+                seen_endings.add(last_sampled)
+                assert chat.decode(sample.response_ids[start:end]) == frame_after[last_sampled]
+        logp = policy_logp(model, sample.context_ids, 1.0)[len(sample.prompt_ids) - 1:]
+        m = torch.tensor(mask, dtype=torch.bool)
+        torch.testing.assert_close(torch.tensor(sample.rollout_logp)[m], logp[m], atol=2e-4, rtol=0)
+    assert seen_endings == {101, 103}                        # both kinds of turn end were exercised
+    assert sum(t.end_reason == "max_turns" for t in trajectories) >= 3
