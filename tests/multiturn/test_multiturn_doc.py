@@ -34,12 +34,24 @@ def test_the_sandbox_wrapper_example_is_a_working_tool():
     assert tool_schema(namespace["python"])["function"]["name"] == "python"
 
 
+def test_the_settings_example_runs_with_a_scripted_engine():
+    tokenizer = build_chat_tokenizer()
+    question = "What is 6*7?"
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+    engine = ScriptedEngine(ChatFormat(tokenizer, "qwen3"), {question: [call, "\\boxed{42}<|im_end|>"]})
+    namespace = {"tokenizer": tokenizer, "generate": engine, "problems": [{"problem": question}],
+                 "run_episodes": __import__("literl.multiturn", fromlist=["run_episodes"]).run_episodes}
+    exec(block_with("build_episode_setup("), namespace)
+    (trajectory,) = namespace["trajectories"]
+    assert trajectory.end_reason == "answer" and trajectory.messages[2]["content"] == "42"
+
+
 def test_the_episode_example_runs_with_a_scripted_engine():
     tokenizer = build_chat_tokenizer()
     question = "What is 6*7?"
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
     engine = ScriptedEngine(ChatFormat(tokenizer, "qwen3"), {question: [call, "\\boxed{42}<|im_end|>"]})
     namespace = {"tokenizer": tokenizer, "generate": engine, "problems": [{"problem": question}]}
-    exec(block_with("run_episodes("), namespace)
+    exec(block_with("runner = ToolRunner("), namespace)
     (trajectory,) = namespace["trajectories"]
     assert trajectory.end_reason == "answer" and trajectory.messages[2]["content"] == "42"
