@@ -2,7 +2,7 @@
 record of the episode (messages, calls, end reason, counts).
 
 Token glossary (one sample): `prompt_ids` is the context the engine was given before its first sampled token;
-`response_ids` is everything after it: the engine's sampled ids (mask 1, with the engine's log-prob in
+`response_ids` is everything from that token on: the engine's sampled ids (mask 1, with the engine's log-prob in
 `rollout_logp`) and the context inserted between turns (mask 0, log-prob 0.0): the template's boundary tokens
 and the observations. A trajectory is one sample unless the chat template is not append-only; then each
 re-rendered history starts a new sample (`literl.multiturn.episodes`).
