@@ -199,3 +199,16 @@ def test_an_interpreter_in_a_closed_folder_under_tmp_runs_and_its_neighbours_sta
     out = sandbox.run("import sys, os\nprint(sys.prefix)\n"
                       f"print(os.path.exists({str(closed / 'secret.txt')!r}))")
     assert out == f"{closed / 'venv'}\nFalse\n"
+
+
+@namespaced
+def test_a_daemon_left_behind_by_the_code_ends_with_the_sandbox():
+    """The code forks a child that leaves its session and sleeps for 1000 s, then exits: the call returns as soon
+    as the code exits (not at the 30 s wall clock) and no process of the sandbox's user is left."""
+    started = time.monotonic()
+    out = PythonSandbox(FAST).run("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1000)\n"
+                                  "print('parent done')")
+    assert out == "parent done\n" and out.status == "ok"
+    assert time.monotonic() - started < 15
+    time.sleep(0.2)
+    assert [p for p in os.listdir("/proc") if p.isdigit() and _uid(p) >= FIRST_SANDBOX_UID] == []
