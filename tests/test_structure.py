@@ -27,14 +27,17 @@ PACKAGE_IMPORTS = {
     "rewards": {"data", "config"},
     "run": {"config", "data", "model", "rewards", "algorithm"},
     "training": {"model", "algorithm", "config", "run", "data"},
+    "tools": {"rewards", "data", "config"},  # the python sandbox reuses the reward checker's isolation
+    # Multi-turn episodes over an engine: tools, chat formats, environments (not wired into the collector yet).
+    "multiturn": {"tools", "rollout", "model", "algorithm", "testbed", "data", "rewards", "config"},
     "evaluation": {"data", "rewards", "rollout", "model", "config", "run", "algorithm"},
     # The arena runs trainings as subprocesses: a run is its command line, so it never imports the runtime.
     "arena": {"algorithm", "config", "data", "run"},
     "distributed": {"training", "rollout", "model", "algorithm", "config", "run", "data"},
     "assembly": {"training", "rollout", "model", "algorithm", "config", "run", "data", "rewards", "evaluation",
-                 "distributed", "testbed"},
+                 "distributed", "testbed", "tools", "multiturn"},
     "commands": {"assembly", "training", "rollout", "model", "algorithm", "config", "run", "data", "rewards",
-                 "evaluation", "distributed", "testbed", "arena"},
+                 "evaluation", "distributed", "testbed", "arena", "tools", "multiturn"},
 }
 FOUNDATION = "literl.config.errors"
 # Imports that cross the order on purpose, each inside the one function that needs it, with the reason.

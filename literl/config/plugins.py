@@ -5,7 +5,7 @@ Three ways in, all of which end in `import_user_modules`:
 
     literl train --import my_tricks algorithm.advantage.name=centered_only     # the flag, repeatable
     imports: [my_tricks]                                                      # the config key (YAML, key=value)
-    [project.entry-points."literl.plugins"]  my_tricks = "my_tricks"          # an installed package's entry point
+    [project.entry-points."literl.config.plugins"]  my_tricks = "my_tricks"          # an installed package's entry point
 
 A name is a module (`my_tricks`, `pkg.tricks`) or a Python file (`path/to/my_tricks.py`). The current directory
 is searched as `python -m` does, so a module next to where the command runs is found. A config lists its
