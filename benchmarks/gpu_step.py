@@ -273,7 +273,8 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
                                        parts.engine.eos_token_ids, parts.engine.pad_id)
             hf_s, hf_tokens = hf_generate(parts.engine.model, prompts, workload["max_new_tokens"],
                                           parts.engine.eos_token_ids, parts.engine.pad_id)
-        kernel_s = (attention_kernel_seconds(model, seen["train"], torch.bfloat16, parts.learner.policy_forward.max_tokens)
+        kernel_s = (attention_kernel_seconds(model, seen["train"], torch.bfloat16,
+                                             parts.learner.policy_forward.max_tokens)
                     if kernels and device.type == "cuda" else None)
         row = {key: statistics.median(r[key] for r in records) for key in records[0]}
         rollout_tok_s = row["generated_tokens"] / row["rollout_s"]

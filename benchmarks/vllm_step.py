@@ -134,7 +134,8 @@ def _keep_step_metrics(trainer) -> list[dict]:
 
 
 def _training_state(parts) -> tuple:
-    return tuple(copy.deepcopy(x.state_dict()) for x in (parts.learner.policy(), parts.learner.optimizer, parts.learner.scheduler))
+    learner = parts.learner
+    return tuple(copy.deepcopy(x.state_dict()) for x in (learner.policy(), learner.optimizer, learner.scheduler))
 
 
 def _load_training_state(parts, state: tuple) -> None:

@@ -12,10 +12,13 @@ import importlib
 import sys
 
 COMMANDS = {
-    "train": ("literl.commands.train_command", "Train with RL (default: the embedded testbed with the lite_ppo preset)."),
+    "train": ("literl.commands.train_command",
+              "Train with RL (default: the embedded testbed with the lite_ppo preset)."),
     "eval": ("literl.commands.eval_command", "Evaluate a model on math benchmarks: avg@k, pass@k, maj@k."),
-    "difficulty": ("literl.commands.difficulty_command", "Split a problem set into Easy/Medium/Hard by k-sample solve counts."),
-    "ablate": ("literl.commands.ablate_command", "Run an ablation spec (variants × scenarios × seeds) with statistics and a report."),
+    "difficulty": ("literl.commands.difficulty_command",
+                   "Split a problem set into Easy/Medium/Hard by k-sample solve counts."),
+    "ablate": ("literl.commands.ablate_command",
+               "Run an ablation spec (variants × scenarios × seeds) with statistics and a report."),
     "report": ("literl.commands.report_command", "Build report.html from run or ablation directories."),
     "presets": ("literl.commands.config_command", "List the algorithm presets, one line each."),
     "config": ("literl.commands.config_command", "Print the resolved config, or explain every key (--explain)."),

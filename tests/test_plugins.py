@@ -1,4 +1,4 @@
-"""Custom tricks reach the command line: --import, the `imports` key and the `literl.config.plugins` entry point.
+"""Custom tricks reach the command line: --import, the `imports` key and the `literl.plugins` entry point.
 
 The worked example is the code block of docs/custom-tricks.md itself, so the documentation cannot drift.
 Commands that register a trick run in a subprocess, which keeps this process's registries as shipped."""
@@ -105,7 +105,7 @@ def test_config_explain_and_ablate_see_imported_and_installed_tricks(tmp_path):
     site = tmp_path / "site"
     (site / "my_plugin-0.1.dist-info").mkdir(parents=True)
     (site / "my_plugin-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: my-plugin\nVersion: 0.1\n")
-    (site / "my_plugin-0.1.dist-info" / "entry_points.txt").write_text("[literl.config.plugins]\nmine = my_plugin_tricks\n")
+    (site / "my_plugin-0.1.dist-info" / "entry_points.txt").write_text("[literl.plugins]\nmine = my_plugin_tricks\n")
     (site / "my_plugin_tricks.py").write_text(documented_module())
     installed = _literl("config", "--explain", cwd=ROOT, env_path=site)
     assert installed.returncode == 0, installed.stderr

@@ -76,7 +76,7 @@ class Objective:
         once on a tiny synthetic batch (`self_check`), so that a parameter value no trick can run with fails
         here, not at step 300."""
         if cfg.rollout.max_new_tokens is None:      # not resolved yet: the profile's value (literl/config/profiles.py)
-            from literl.config.load import resolve  # noqa: PLC0415 - config_loader's rules import this module
+            from literl.config.load import resolve  # noqa: PLC0415 - the config's rules import this module
 
             cfg = resolve(cfg)
         a = cfg.algorithm

@@ -51,12 +51,12 @@ def build_collector(cfg: Config, *, problems: list[dict], prompting: Prompting, 
                         step_timeout_s=cfg.reward.step_timeout_s, max_failed_batches=cfg.reward.max_failed_batches,
                         chat_messages=_chat_messages(cfg, prompting))
     r = cfg.rollout
-    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                              keep_forward=cfg.trainer.replay_max_gib > 0)
     return Collector(
         engine=engine, problems=problems, prompt_ids=prompt_ids, decode=decode, rewards=rewards,
         objective=objective, sampling=sampling, prompts_per_step=r.prompts_per_step, group_size=r.group_size,
-        max_rounds=r.max_rounds, stream=PromptStream(len(problems), seed=cfg.seed), pad_id=pad_id,
-        record_forward=cfg.trainer.replay_max_gib > 0)
+        max_rounds=r.max_rounds, stream=PromptStream(len(problems), seed=cfg.seed), pad_id=pad_id)
 
 
 def reward_specs(cfg: Config, reward_fns: Sequence | None) -> list[tuple]:

@@ -5,7 +5,7 @@ Three ways in, all of which end in `import_user_modules`:
 
     literl train --import my_tricks algorithm.advantage.name=centered_only     # the flag, repeatable
     imports: [my_tricks]                                                      # the config key (YAML, key=value)
-    [project.entry-points."literl.config.plugins"]  my_tricks = "my_tricks"          # an installed package's entry point
+    [project.entry-points."literl.plugins"]  my_tricks = "my_tricks"          # an installed package's entry point
 
 A name is a module (`my_tricks`, `pkg.tricks`) or a Python file (`path/to/my_tricks.py`). The current directory
 is searched as `python -m` does, so a module next to where the command runs is found. A config lists its
@@ -24,7 +24,7 @@ from typing import Iterable
 
 from literl.config.errors import ConfigError
 
-ENTRY_POINT_GROUP = "literl.config.plugins"  # the entry-point group name (not a module path)
+ENTRY_POINT_GROUP = "literl.plugins"  # the entry-point group name (not a module path)
 _entry_points_loaded = False
 
 
@@ -62,7 +62,7 @@ def _import_file(path: Path) -> None:
 
 
 def load_entry_points() -> None:
-    """Import every installed `literl.config.plugins` entry point, once per process."""
+    """Import every installed `literl.plugins` entry point, once per process."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return

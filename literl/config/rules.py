@@ -3,8 +3,8 @@ cross-key rule in one place. Compatibility rules about trick names live here and
 registries (style.md §3.5); `literl.config.load.load_config` calls `validate` on every config it builds.
 
 Values a trick can only reject when it runs (a soft-overlong cache longer than the generation cap) are caught by
-the objective's self-check when it is built (`literl.algorithm.objective.Objective.from_config`): once per run, before the
-model loads, and by `literl config` / `literl ablate` for the configs they check.
+the objective's self-check when it is built (`literl.algorithm.objective.Objective.from_config`): once per run,
+before the model loads, and by `literl config` / `literl ablate` for the configs they check.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def validate(cfg: Config) -> None:
     r, t, o, ev = cfg.rollout, cfg.trainer, cfg.optim, cfg.eval
     _check(r.prompts_per_step >= 1 and r.group_size >= 1,
            "rollout.prompts_per_step and rollout.group_size must be >= 1")
-    # null: the profile's value (literl/config/profiles.py), filled by config_loader.resolve.
+    # null: the profile's value (literl/config/profiles.py), filled by config.load.resolve.
     _check(r.max_new_tokens is None or r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1, or null for the "
                                                               "profile's")
     # Sampling settings are otherwise checked only when the first rollout starts, after the model has loaded.

@@ -192,8 +192,8 @@ class RolloutConfig:
                                  "its own copy of the weights while the trainer updates, batch s under policy "
                                  "version max(0, s-k) (a fixed schedule, so a seed repeats its run), every token "
                                  "tagged with its version; at most k batches are held ahead of the trainer")
-    partial_rollouts: bool = knob(False, "with max_staleness >= 1 and the native engine: a response continues under the "
-                                         "next policy version from decode step max_new_tokens // 2 on (in-flight "
+    partial_rollouts: bool = knob(False, "with max_staleness >= 1 and the native engine: a response continues under "
+                                         "the next policy version from decode step max_new_tokens // 2 on (in-flight "
                                          "weight update, PipelineRL-style; each token keeps the version that "
                                          "sampled it); docs/async.md")
     async_engine_threads: int | None = knob(None, "with max_staleness >= 1, the engine and the update run at once and "

@@ -94,7 +94,7 @@ class RayRolloutEngine:
 
     # ------------------------------------------------------------------------------------------ generate
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, rng: torch.Generator | None = None,
-                 record_forward: bool = False) -> Generation:
+) -> Generation:
         prompts = [list(p) for p in prompts]
         shares = split_groups(prompts, len(self.workers))
         seeds = [None if rng is None else int(torch.randint(0, 2**62, (1,), generator=rng))

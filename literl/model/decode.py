@@ -206,7 +206,7 @@ class StaticKVDecoder:
 
     def keep(self, kept_R: torch.Tensor) -> None:
         # Kept rows move to the front of the same buffers (no new allocation). Only the rows whose slot changes
-        # move (`hf_engine.live_slots_in_place` keeps most in place), and only their written columns: early in a
+        # move (`decode_loop.live_slots_in_place` keeps most in place), and only their written columns: early in a
         # rollout most of each buffer is still empty.
         count, written = kept_R.shape[0], self.column
         moved_R = torch.nonzero(kept_R != torch.arange(count, device=kept_R.device)).flatten()

@@ -10,7 +10,7 @@ model: `AdaptersOff` runs the reference's log-prob pass on the policy module its
 The runtime (`literl.model`) runs a peft policy as it runs any model: its hand-applied layers call the
 projection modules, and a LoRA projection's module adds its adapter. What it cannot do under LoRA is keep the
 rollout's forward for the update to replay (a record holds plain linear projections only:
-`literl.model.record.can_record` is false for LoRA layers), so `config_loader.resolve` sets
+`literl.model.record.can_record` is false for LoRA layers), so `literl.config.load.resolve` sets
 trainer.replay_max_gib=0 and says so.
 
 What a rollout engine needs: the Hugging Face engine samples from the policy module, adapters included (or from

@@ -1,5 +1,5 @@
-"""Packed rows: a batch's rows (prompt then response, `literl.algorithm.batch` layout) as one stream of tokens without padding,
-each row attending to its own earlier tokens only, and the training forward over such a stream.
+"""Packed rows: a batch's rows (prompt then response, `literl.algorithm.batch` layout) as one stream of tokens
+without padding, each row attending to its own earlier tokens only, and the training forward over such a stream.
 
     stream  row 0's tokens | row 1's tokens | …      (each row cut after its last token that predicts a response
                                                       token: the last response token is never an input)

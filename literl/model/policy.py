@@ -133,9 +133,9 @@ class PolicyForward:
 
     # ------------------------------------------------------------------------------------------ batches
     def logprobs(self, rows, *, with_entropy: bool = False) -> Logprobs:
-        """The log-probs (and entropies) of a batch's rows (`literl.algorithm.batch` layout) in one forward, with autograd
-        when it is on. An update's forward: MoE routes replayed as `routing_replay` says, and the load-balancing
-        loss returned when it is on."""
+        """The log-probs (and entropies) of a batch's rows (`literl.algorithm.batch` layout) in one forward, with
+        autograd when it is on. An update's forward: MoE routes replayed as `routing_replay` says, and the
+        load-balancing loss returned when it is on."""
         routing = self._routing(rows, old_pass=False)
         logp_BT, entropy_BT = self.token_logprobs(rows.tokens_BL, rows.prompt_len_B, rows.response_ids_BT.shape[1],
                                                   mask_BT=rows.mask_BT, with_entropy=with_entropy,

@@ -88,8 +88,8 @@ def distinct_prompts(prompts: Sequence[Sequence[int]], pad_id: int, device: torc
 
 def batch_prompts(tokens_BL: torch.Tensor, prompt_len_B: torch.Tensor, *, only_if_shared: bool = True
                   ) -> DistinctPrompts | None:
-    """The distinct prompts of a batch's rows (`literl.algorithm.batch` layout) and which one each row continues; None when
-    no two rows share a prompt (then there is nothing to save), unless `only_if_shared=False`."""
+    """The distinct prompts of a batch's rows (`literl.algorithm.batch` layout) and which one each row continues;
+    None when no two rows share a prompt (then there is nothing to save), unless `only_if_shared=False`."""
     rows = [row[:n] for row, n in zip(tokens_BL.tolist(), prompt_len_B.tolist())]
     # Any in-vocabulary id pads: padded columns are masked out of attention.
     prompts = distinct_prompts(rows, pad_id=0, device=tokens_BL.device)

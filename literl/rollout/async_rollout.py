@@ -84,7 +84,7 @@ class _AtVersion:
         # literl's own engine takes a hook between decode steps (the next version, or a stop); others run whole
         self._hooked = isinstance(engine.engine, NativeEngine)
 
-    def generate(self, prompts, params: SamplingParams, *, rng=None, record_forward: bool = False) -> Generation:
+    def generate(self, prompts, params: SamplingParams, *, rng=None) -> Generation:
         if self.stopped():
             raise Stopped()
         generation = self.engine.generate_at(self.version, prompts, params, rng=rng, on_wait=self.on_wait,

@@ -165,13 +165,11 @@ class Collector:
 
     def __init__(self, *, engine: Engine, problems: Sequence[dict], prompt_ids: Callable[[int], list[int]],
                  decode: Callable[[list[int]], str], rewards, objective, sampling: SamplingParams,
-                 prompts_per_step: int, group_size: int, max_rounds: int, stream: PromptStream, pad_id: int,
-                 record_forward: bool = False):
+                 prompts_per_step: int, group_size: int, max_rounds: int, stream: PromptStream, pad_id: int):
         self.engine, self.problems, self.prompt_ids, self.decode = engine, problems, prompt_ids, decode
         self.rewards, self.objective, self.sampling = rewards, objective, sampling
         self.P, self.G, self.max_rounds, self.stream, self.pad_id = (prompts_per_step, group_size, max_rounds,
                                                                     stream, pad_id)
-        self.record_forward = record_forward     # ask the engine to keep its forward for the update to replay
         self._next_group_id = 0
         self._tiers = tier_labels(problems)
         self._dropped_on_resume = 0
@@ -214,7 +212,7 @@ class Collector:
         problem_index = [i for i in chosen for _ in range(self.G)]
         prompt_ids = [self.prompt_ids(i) for i in problem_index]
         start = time.perf_counter()
-        generation = self.engine.generate(prompt_ids, self.sampling, rng=rng, record_forward=self.record_forward)
+        generation = self.engine.generate(prompt_ids, self.sampling, rng=rng)
         generated = time.perf_counter()
         responses = [self.decode(ids[m].tolist()) for ids, m in zip(generation.response_ids_BT, generation.mask_BT)]
         examples = [self.problems[i] for i in problem_index]

@@ -24,6 +24,10 @@ class SamplingParams:
     top_k: int = 0                 # 0: no top-k filter
     max_new_tokens: int = 64
     greedy: bool = False           # argmax decoding (temperature is still used for the reported log-probs)
+    # Keep what the policy's forward computed for an on-policy update to replay (`Generation.forward_record`): the
+    # collector asks it where the update may replay (trainer.replay_max_gib > 0); an engine without a recorder, or
+    # one that cannot record, returns none. Evaluation never asks.
+    keep_forward: bool = False
 
     def __post_init__(self):
         if self.temperature <= 0:
@@ -45,8 +49,8 @@ class Generation:
     rollout_logp_BT  float32, log μ of each generated token (0 on padding)
     truncated_B      bool, True when max_new_tokens stopped the response before an EOS
     extras           per-token tensors the engine recorded (e.g. MoE routes), keyed with shape suffixes
-    forward_record   what the decode steps computed, for an on-policy update to replay (`record_forward=True`,
-                     `literl.model.record`); None when the engine kept none
+    forward_record   what the decode steps computed, for an on-policy update to replay (`SamplingParams.
+                     keep_forward`, `literl.model.record`); None when the engine kept none
     """
 
     response_ids_BT: torch.Tensor
@@ -73,10 +77,9 @@ class Engine(Protocol):
     """What a rollout engine provides."""
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 *, rng: torch.Generator | None = None, record_forward: bool = False) -> Generation:
-        """Sample one response per prompt (repeat a prompt G times for a group). `record_forward=True` asks the
-        engine to keep what the policy's forward computed for an on-policy update to replay
-        (`Generation.forward_record`); an engine that cannot simply returns none."""
+                 *, rng: torch.Generator | None = None) -> Generation:
+        """Sample one response per prompt (repeat a prompt G times for a group), as `params` say (their
+        `keep_forward` asks for the forward record an on-policy update replays)."""
         ...
 
     def sync_weights(self, policy: torch.nn.Module) -> dict[str, float] | None:

@@ -67,8 +67,8 @@ class NativeEngine:
     (for comparisons and debugging). `sync_every` sets how many steps pass between checks for finished rows
     (default: 1 on CPU, 8 on accelerators).
 
-    `recorder` (the policy forward's, `literl.model.policy.PolicyForward.recorder`): `generate(...,
-    record_forward=True)` then keeps the decode steps' matmul outputs for an on-policy update, when the engine
+    `recorder` (the policy forward's, `literl.model.policy.PolicyForward.recorder`): a generation whose params ask
+    `keep_forward` then keeps the decode steps' matmul outputs for an on-policy update, when the engine
     samples from the recorder's module itself on the static or fixed route without CUDA graphs (a graph cannot
     write a record whose rows move every step), the model supports it and the record fits the recorder's budget;
     the generation carries it as `forward_record`.
@@ -160,7 +160,7 @@ class NativeEngine:
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 *, rng: torch.Generator | None = None, record_forward: bool = False,
+                 *, rng: torch.Generator | None = None,
                  before_step: Callable[[int], None] | None = None) -> Generation:
         """`before_step(t)`, when given, runs before every decode step t >= 1 (the forward that samples token t):
         an asynchronous producer loads a newer policy version there (partial rollouts, `literl.rollout.
@@ -182,7 +182,7 @@ class NativeEngine:
             with rollout_attention(device):
                 first_logits_UV, cache = self._prefill(prepared, routing)
                 record = None
-                if record_forward and T > 1 and route in ("static", "fixed") and self.can_record(B, T):
+                if params.keep_forward and T > 1 and route in ("static", "fixed") and self.can_record(B, T):
                     record = self.recorder.start(self.model, B, T, device)
                 decoder, buffers = self._decoder(route, cache, prepared, T, record, routing, captured)
                 sync_every = self.sync_every or (1 if device.type == "cpu" else ACCELERATOR_SYNC_EVERY)

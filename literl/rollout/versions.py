@@ -144,7 +144,7 @@ class VersionedEngine:
         return metrics
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
-                 rng: torch.Generator | None = None, record_forward: bool = False) -> Generation:
+                 rng: torch.Generator | None = None) -> Generation:
         return self.generate_at(self.versions.latest, prompts, params, rng=rng)
 
     # the producer's side

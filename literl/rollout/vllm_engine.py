@@ -164,9 +164,9 @@ class VllmEngine:
 
     # -------------------------------------------------------------------------------------------- generate
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 *, rng: torch.Generator | None = None, record_forward: bool = False) -> Generation:
-        """One response per prompt, in order (see the module docstring). `record_forward` is ignored: the
-        forward runs in vLLM, so there is nothing for an update to replay."""
+                 *, rng: torch.Generator | None = None) -> Generation:
+        """One response per prompt, in order (see the module docstring). `params.keep_forward` is ignored:
+        the forward runs in vLLM, so there is nothing for an update to replay."""
         B, T = len(prompts), params.max_new_tokens
         if B == 0:
             return Generation.empty()

@@ -41,8 +41,8 @@ class Recording:
     def __init__(self, engine):
         self.engine, self.calls = engine, []
 
-    def generate(self, prompts, params, *, rng=None, record_forward=False):
-        generation = self.engine.generate(prompts, params, rng=rng, record_forward=record_forward)
+    def generate(self, prompts, params, *, rng=None):
+        generation = self.engine.generate(prompts, params, rng=rng)
         self.calls.append(([list(p) for p in prompts], generation))
         return generation
 
@@ -57,7 +57,7 @@ class Replay:
     def __init__(self, calls, workers: int):
         self.calls, self.workers = list(calls), workers
 
-    def generate(self, prompts, params, *, rng=None, record_forward=False):
+    def generate(self, prompts, params, *, rng=None):
         expected, generation = self.calls.pop(0)
         assert [list(p) for p in prompts] == expected
         for _ in range(self.workers):

@@ -94,7 +94,8 @@ def test_a_bfloat16_run_keeps_float32_masters_and_saves_final_in_bfloat16(tiny_q
                                                           "eval.before=false", "eval.every=0", "trainer.threads=1"))
     parts = build_components(cfg, reward_fns=[length_reward])
     assert all(p.dtype == torch.float32 for p in parts.learner.policy().parameters())
-    assert parts.learner.policy_forward.compute_dtype == torch.bfloat16 and parts.learner.policy_forward.recorder is None
+    forward = parts.learner.policy_forward
+    assert forward.compute_dtype == torch.bfloat16 and forward.recorder is None
     assert all(p.dtype == torch.bfloat16 for p in parts.learner.reference.model.parameters())
     assert parts.engine.model is not parts.learner.policy()
     assert all(p.dtype == torch.bfloat16 for p in parts.engine.model.parameters())

@@ -104,7 +104,8 @@ def test_is_weights_equal_a_hand_computation_from_the_recorded_versions(tiny_qwe
     prepare = parts.objective.prepare
 
     def keep(batch, **kwargs):
-        weights.setdefault(len(prepared), copy.deepcopy(parts.learner.policy()).eval())     # the step's starting weights
+        # the step's starting weights
+        weights.setdefault(len(prepared), copy.deepcopy(parts.learner.policy()).eval())
         train_batch, metrics = prepare(batch, **kwargs)
         prepared.append((batch, train_batch))
         return train_batch, metrics

@@ -5,6 +5,8 @@ The captures themselves need CUDA (tests/rollout/test_cuda_graphs.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -167,7 +169,8 @@ def test_fixed_route_records_the_forward_and_moe_routes_like_the_static_route():
     got = {}
     for decode in ("static", "fixed"):
         engine = _engine(model, decode, recorder=Recorder(model, max_bytes=1 << 30))
-        gen = engine.generate(prompts, params, rng=torch.Generator().manual_seed(5), record_forward=True)
+        gen = engine.generate(prompts, dataclasses.replace(params, keep_forward=True),
+                              rng=torch.Generator().manual_seed(5))
         record = gen.forward_record
         got[decode] = (gen, record.row_BT.clone(),
                        [[buffer[:record.rows].clone() for buffer in layer] for layer in record.layers])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -68,8 +70,8 @@ def test_record_holds_each_fed_tokens_projection_outputs(build):
     model = build().eval()
     prompts = _prompts(seed=4) * 3
     engine = _recording_engine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
-    gen = engine.generate(prompts, SamplingParams(max_new_tokens=20), rng=torch.Generator().manual_seed(0),
-                          record_forward=True)
+    gen = engine.generate(prompts, SamplingParams(max_new_tokens=20, keep_forward=True),
+                          rng=torch.Generator().manual_seed(0))
     record, row_BT = gen.forward_record, gen.forward_record.row_BT
     assert len(record.layers[0]) == 6, "on CPU the record keeps the attention's output and log-sum-exp"
     lengths = gen.mask_BT.sum(-1)
@@ -95,7 +97,8 @@ def test_recording_leaves_the_samples_unchanged():
     prompts, params = _prompts(seed=5) * 2, SamplingParams(max_new_tokens=16)
     engine = _recording_engine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
     plain = engine.generate(prompts, params, rng=torch.Generator().manual_seed(1))
-    recorded = engine.generate(prompts, params, rng=torch.Generator().manual_seed(1), record_forward=True)
+    recorded = engine.generate(prompts, dataclasses.replace(params, keep_forward=True),
+                               rng=torch.Generator().manual_seed(1))
     assert recorded.forward_record is not None and plain.forward_record is None
     assert torch.equal(recorded.response_ids_BT, plain.response_ids_BT)
     torch.testing.assert_close(recorded.rollout_logp_BT, plain.rollout_logp_BT, rtol=0, atol=1e-5)
@@ -107,18 +110,18 @@ def test_a_record_is_valid_until_the_next_recording_and_only_for_its_weights():
     model = build_tiny_qwen3(seed=4)
     engine = _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD)
     params = SamplingParams(max_new_tokens=8)
-    first = engine.generate(_prompts(), params, record_forward=True).forward_record
+    first = engine.generate(_prompts(), dataclasses.replace(params, keep_forward=True)).forward_record
     assert first.valid() and first.matches(model)
     assert not first.matches(build_tiny_qwen3(seed=4))          # same weights, another module
     engine.generate(_prompts(), params)                         # a plain generation (evaluation) keeps it
     assert first.valid()
-    second = engine.generate(_prompts(), params, record_forward=True).forward_record
+    second = engine.generate(_prompts(), dataclasses.replace(params, keep_forward=True)).forward_record
     assert second.valid() and not first.valid()                # its buffers now hold the second rollout
     with torch.no_grad():
         model.lm_head.weight[0, 0] += 1.0                       # an in-place edit
     assert not second.matches(model)
     for fused in (False, True):                                 # a fused step leaves version counters alone
-        record = engine.generate(_prompts(), params, record_forward=True).forward_record
+        record = engine.generate(_prompts(), dataclasses.replace(params, keep_forward=True)).forward_record
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
         engine.recorder.watch(optimizer)
         for p in model.parameters():
@@ -140,9 +143,9 @@ def test_no_record_where_the_update_could_not_use_one():
         "no recorder lent": NativeEngine(model, eos_token_ids=[EOS], pad_id=PAD),
     }
     for why, engine in cases.items():
-        assert engine.generate(prompts, params, record_forward=True).forward_record is None, why
+        assert engine.generate(prompts, dataclasses.replace(params, keep_forward=True)).forward_record is None, why
     fits = _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD, max_bytes=budget)
-    assert fits.generate(prompts, params, record_forward=True).forward_record is not None
+    assert fits.generate(prompts, dataclasses.replace(params, keep_forward=True)).forward_record is not None
 
 
 def test_moe_layers_are_not_recorded():
@@ -153,7 +156,7 @@ def test_moe_layers_are_not_recorded():
     model = Qwen3MoeForCausalLM(tiny_qwen3_moe_config())
     assert not capabilities(model).record
     gen = _recording_engine(model, eos_token_ids=[EOS], pad_id=PAD).generate(
-        _prompts(), SamplingParams(max_new_tokens=6), record_forward=True)
+        _prompts(), SamplingParams(max_new_tokens=6, keep_forward=True))
     assert gen.forward_record is None and gen.mask_BT.any()
 
 
@@ -170,8 +173,8 @@ def test_compiled_recording_step_matches_eager():
     compiled_engine = _recording_engine(model, eos_token_ids=MANY_EOS, pad_id=PAD, compile=True)
     eager_engine = _recording_engine(model, eos_token_ids=MANY_EOS, pad_id=PAD)
     for prompts in (_prompts(seed=6) * 2, _prompts(seed=7), _prompts(seed=6)[:1]):
-        eager = eager_engine.generate(prompts, params, record_forward=True)
-        compiled = compiled_engine.generate(prompts, params, record_forward=True)
+        eager = eager_engine.generate(prompts, dataclasses.replace(params, keep_forward=True))
+        compiled = compiled_engine.generate(prompts, dataclasses.replace(params, keep_forward=True))
         assert torch.equal(compiled.response_ids_BT, eager.response_ids_BT)
         torch.testing.assert_close(compiled.rollout_logp_BT, eager.rollout_logp_BT, rtol=0, atol=1e-5)
         assert torch.equal(compiled.forward_record.row_BT, eager.forward_record.row_BT)

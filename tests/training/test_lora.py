@@ -148,7 +148,8 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_merged_and_adapter(tiny_q
     cfg = load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "r", *LORA,
                                                               "algorithm.kl_coef=0.01", "optim.lr=5e-2"))
     parts = build_components(cfg, reward_fns=[length_reward])
-    assert isinstance(parts.learner.reference, AdaptersOff) and parts.learner.reference.forward.model is parts.learner.policy()
+    reference = parts.learner.reference
+    assert isinstance(reference, AdaptersOff) and reference.forward.model is parts.learner.policy()
     assert parts.cfg.trainer.replay_max_gib == 0
     before = {n: p.detach().clone() for n, p in parts.learner.policy().named_parameters()}
     run_dir = Trainer(parts).fit()

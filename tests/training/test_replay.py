@@ -19,8 +19,8 @@ from tests.training.test_logprobs import _loss_grads
 def _rollout(model, prompts, max_new_tokens=16, seed=0):
     """A recorded generation laid out as a training batch: (tokens_BL, prompt_len_B, T, mask_BT, record)."""
     engine = NativeEngine(model, eos_token_ids=MANY_EOS, pad_id=PAD, recorder=Recorder(model, 2 << 30))
-    gen = engine.generate(prompts, SamplingParams(temperature=0.8, max_new_tokens=max_new_tokens),
-                          rng=torch.Generator().manual_seed(seed), record_forward=True)
+    gen = engine.generate(prompts, SamplingParams(temperature=0.8, max_new_tokens=max_new_tokens, keep_forward=True),
+                          rng=torch.Generator().manual_seed(seed))
     mask_BT = gen.mask_BT.clone()
     B, T = mask_BT.shape
     tokens_BL = torch.full((B, max(len(p) for p in prompts) + T), PAD, dtype=torch.long)

@@ -288,7 +288,8 @@ def test_eval_policy_trainer_samples_the_trainers_weights_where_the_engine_round
             assert parts.engine.model is not parts.learner.policy()
             engine = parts.eval_engine()
             if expect_trainer:
-                assert engine.model is parts.learner.policy() and engine.weights is None and parts.eval_engine() is engine
+                assert engine.model is parts.learner.policy() and engine.weights is None
+                assert parts.eval_engine() is engine
             else:
                 assert engine is parts.engine
         finally:
