@@ -298,9 +298,10 @@ def main(argv=None) -> None:
     mode.add_argument("--sweep", action="store_true", help="group size × response length, literl only")
     mode.add_argument("--memory", action="store_true", help="peak memory of one step at vocabulary 151,936")
     mode.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                        help="vllm: literl's step with rollout.engine=vllm against vLLM generate alone + literl's "
-                             "update alone, in one run (benchmarks/vllm_step.py)")
+    parser.add_argument("--engine", choices=("native", "hf", "vllm"), default="native",
+                        help="native (hf, its old name): literl's own engine; vllm: literl's step with "
+                             "rollout.engine=vllm against vLLM generate alone + literl's update alone, in one run "
+                             "(benchmarks/vllm_step.py)")
     parser.add_argument("--steps", type=int, help="timed steps per framework (default 5; sweep: 3 per point)")
     parser.add_argument("--warmup", type=int, help="untimed steps first (default 2; sweep: 1 per point)")
     parser.add_argument("--threads", type=int, default=workload.TORCH_THREADS)
