@@ -1,4 +1,4 @@
-"""Runs survive misuse, round 2 (issue 31): resume on a folder that is not a run, a refused resume, a full disk,
+"""Runs survive misuse: resume on a folder that is not a run, a refused resume, a full disk,
 hostile reward values, a reward that always fails, LoRA ranks beyond the layers, data without a usable problem.
 
 Each test reproduces what a probe of the issue found (they failed before the fix) on a tiny model; the training
@@ -205,7 +205,7 @@ def test_a_reward_that_fails_every_step_stops_the_run_with_its_last_checkpoint(m
     setting, no traceback), after saving the state of the last complete step."""
     out = tmp_path / "run"
     code = main(["train", *_overrides(model_dir, out, "trainer.steps=4", "reward.max_failed_batches=2",
-                                      "reward.fns.0.fn=tests.training.test_misuse_round2:unreachable_judge")])
+                                      "reward.fns.0.fn=tests.training.test_hostile_inputs_and_broken_resumes:unreachable_judge")])
     err = _console(capsys)
     assert code == 1 and "Traceback" not in err
     assert "unreachable_judge" in err and "reward.max_failed_batches=2" in err
