@@ -93,6 +93,7 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                                 reward_fns=reward_fns, pad_id=pad_id)
     if cfg.rollout.max_staleness >= 1:
         engine, collector = asynchronous(cfg, collector, engine, learner, console)
+    evaluator = build_evaluator(cfg, tokenizer=tokenizer)     # a missing benchmark fails before the folder exists
     # Written by the trainer once the run has started (RunComponents.record_start): a start that fails on a bad
     # path or name leaves no run behind, so the corrected command starts afresh instead of being told to resume;
     # a refused resume leaves config.yaml as it was.
@@ -101,7 +102,7 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                      run_name=run_dir.name)
     _describe(cfg, policy, data, run_dir, device, console)
     return RunComponents(cfg=cfg, run_dir=run_dir, tokenizer=tokenizer, engine=engine, learner=learner,
-                         objective=objective, collector=collector, evaluator=build_evaluator(cfg, tokenizer=tokenizer),
+                         objective=objective, collector=collector, evaluator=evaluator,
                          eval_engine=eval_engine(cfg, engine, learner, tokenizer, pad_id), log=log, console=console,
                          diagnostics=MechanismDiagnostics(decode=lambda ids: tokenizer.decode(ids)), lock=lock,
                          write_record=lambda: write_run_config(run_dir, cfg, inputs, engine))
