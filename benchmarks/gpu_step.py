@@ -204,7 +204,7 @@ def run_body(name: str, spec: dict, *, workload: dict, steps: int, warmup: int, 
              attention: str, peak_tflops: float | None, kernels: bool, compile: str | None = None,
              decode: str = "auto", profile_dir: Path | None = None, hf: bool = True) -> dict:
     import literl
-    from literl.assembly.build import build_components
+    from literl.assembly.builder import build_components
     from literl.model.compiled import compile_seconds
     from literl.model.packing import pack_rows
     from literl.testbed.tasks import train_problems

@@ -52,7 +52,7 @@ def _problems(n: int) -> list[dict]:
 
 def run_config(ranks: int | None, workers: int | None, steps: int) -> dict:
     """`steps` timed steps (after one warm-up) of one configuration; None, None: one process."""
-    from literl.assembly.build import build_components
+    from literl.assembly.builder import build_components
     from literl.config.load import load_config
     from literl.training.trainer import Trainer
 

@@ -52,7 +52,7 @@ class LiterlStepper:
     def __init__(self, model, tokenizer, problems: list[dict], *, threads: int, group_size: int,
                  max_new_tokens: int, extra_overrides: tuple[str, ...] = ()):
         import literl
-        from literl.assembly.build import build_components
+        from literl.assembly.builder import build_components
         from literl.training.trainer import Trainer
 
         self._tmp = tempfile.TemporaryDirectory(prefix="literl-step-speed-")

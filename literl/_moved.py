@@ -51,7 +51,7 @@ MOVED = {
     "literl.evaluation.command": "literl.commands.eval_command",
     "literl.evaluation.metrics": "literl.evaluation.sample_metrics",
     "literl.config_reference": "literl.config.reference",
-    "literl.components": "literl.assembly.build",
+    "literl.components": "literl.assembly.builder",
     "literl.rollout.generator": "literl.rollout.engine",
     "literl.rollout.hf_engine": "literl.rollout.native_engine",
 }

@@ -42,7 +42,7 @@ def train(config: Config | None = None, *, model: torch.nn.Module | str | None =
 def run(config: Config, **objects) -> Path:
     """Train from a config that `load_config` (or `train`) already validated: resolve it, build the run's
     components (the objective among them), loop. `objects` are `train`'s model, tokenizer, problems, reward_fns."""
-    from literl.assembly.build import build_components
+    from literl.assembly.builder import build_components
     from literl.training.trainer import Trainer
 
     return Trainer(build_components(config, **objects)).fit()

@@ -1,6 +1,6 @@
 """Scale-out on a Ray cluster: rollout workers behind the `Engine` protocol, FSDP2 trainer ranks behind the
 `Learner` protocol, weight sync between them. The only package that imports `ray` (lazily: a single-process run
-never needs it). `start_cluster` is what `literl.assembly.build` calls when `cluster.address` is set.
+never needs it). `start_cluster` is what `literl.assembly.builder` calls when `cluster.address` is set.
 
     driver (the trainer's loop)        ── prompts ──► RolloutWorker × W    (NativeEngine on a policy copy)
       Collector, Objective.prepare     ◄─ samples ──

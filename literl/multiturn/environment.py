@@ -21,7 +21,7 @@ from typing import Protocol, Sequence, runtime_checkable
 from literl.multiturn.trajectory import EndReason, ModelTurn
 from literl.tools.calls import ToolResult
 from literl.tools.execution import ToolRunner
-from literl.tools.schema import tool_schema
+from literl.tools.json_schema import tool_schema
 
 BOXED_ANSWER = r"\\boxed\{"
 

@@ -18,7 +18,7 @@ from literl.tools.families import MODEL_FAMILIES, ModelFamily, model_family
 from literl.tools.loading import load_tools, tool_schemas
 from literl.tools.parsing import HermesToolCallParser, ParsedTurn
 from literl.tools.sandbox import PythonSandbox, SandboxLimits, python, sandbox_isolation
-from literl.tools.schema import tool_schema
+from literl.tools.json_schema import tool_schema
 
 __all__ = ["calculator", "python", "tool_schema", "load_tools", "tool_schemas", "ToolRunner", "ToolCall",
            "ToolOutput", "ToolResult", "model_family", "ModelFamily", "MODEL_FAMILIES", "HermesToolCallParser",

@@ -15,7 +15,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Sequence
 
 from literl.tools.calls import ToolCall, ToolResult
-from literl.tools.schema import tool_schema
+from literl.tools.json_schema import tool_schema
 
 _JSON_CHECKS = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
                 "array": (list,), "object": (dict,)}

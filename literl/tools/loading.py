@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from literl.rewards.isolation import resolve_function
-from literl.tools.schema import tool_schema
+from literl.tools.json_schema import tool_schema
 
 
 def load_tools(names: Sequence[str | Callable]) -> dict[str, Callable]:

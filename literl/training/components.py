@@ -1,4 +1,4 @@
-"""What the training loop reads: the parts a run is built from (by `literl.assembly.build.build_components`), its
+"""What the training loop reads: the parts a run is built from (by `literl.assembly.builder.build_components`), its
 bookkeeping at the start and the end, and the one teardown.
 
 The loop sees the rollout side only through the collector and the engine (`literl.rollout.engine.Engine`), and

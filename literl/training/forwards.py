@@ -1,5 +1,5 @@
 """The log-prob forwards of a run, built from its config in one place: the policy's (the update and the old-log-prob
-pass) and the frozen reference's (KL). The single process (`literl.assembly.build`) and every trainer rank of a
+pass) and the frozen reference's (KL). The single process (`literl.assembly.builder`) and every trainer rank of a
 cluster (`literl.distributed.trainer_rank`) build them here, so the two cannot drift apart.
 """
 

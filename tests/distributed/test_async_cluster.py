@@ -12,7 +12,7 @@ import threading
 
 import torch
 
-from literl.assembly.build import build_components
+from literl.assembly.builder import build_components
 from literl.config.load import load_config
 from literl.distributed.weight_sync import weights_hash
 from literl.model import PolicyForward

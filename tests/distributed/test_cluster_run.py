@@ -20,7 +20,7 @@ import threading
 import pytest
 import torch
 
-from literl.assembly.build import build_components
+from literl.assembly.builder import build_components
 from literl.config.load import load_config
 from literl.rollout.engine import SamplingParams
 from literl.run.metrics_log import read_metrics

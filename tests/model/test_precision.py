@@ -86,7 +86,7 @@ def test_a_bfloat16_run_keeps_float32_masters_and_saves_final_in_bfloat16(tiny_q
     replay (it would be the fp32 rollout's, not the bf16 update's); after two steps the checkpoint holds float32
     weights and final/ bfloat16 ones, as its config.json says."""
     from literl import load_config
-    from literl.assembly.build import build_components
+    from literl.assembly.builder import build_components
     from literl.training.trainer import Trainer
 
     cfg = load_config(preset="grpo", overrides=_overrides(tiny_qwen3_dir, tmp_path / "run", "model.dtype=bfloat16",

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from literl.algorithm.batch import POLICY_VERSION, STALENESS, RolloutBatch
-from literl.assembly.build import build_components
+from literl.assembly.builder import build_components
 from literl.config.load import load_config
 from literl.model import PolicyForward
 from literl.config.errors import ConfigError

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
-from literl.assembly.build import build_components                                 # noqa: E402
+from literl.assembly.builder import build_components                                 # noqa: E402
 from literl.config.load import load_config                                   # noqa: E402
 from literl.model.lora import AdaptersOff, apply_lora, final_view, merged_state_dict  # noqa: E402
 from literl.model import PolicyForward                                         # noqa: E402

@@ -179,7 +179,7 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run_without_saving_na
 def test_a_crash_mid_run_keeps_the_last_step_and_resumes_exactly(model_dir, finished_run, tmp_path, monkeypatch):
     """An exception in step 2 (here: out of memory in the rollout) used to leave nothing to resume from with the
     default settings. Now the state after step 1 is saved, and resuming gives the uninterrupted run's weights."""
-    import literl.assembly.build as components
+    import literl.assembly.builder as components
 
     real_build = components.build_components
 

@@ -40,7 +40,7 @@ def test_a_missing_reference_model_is_a_message_and_leaves_no_run(tiny_qwen3_dir
 
 def test_ctrl_c_before_the_first_step_says_that_nothing_was_saved(tiny_qwen3_dir, tmp_path, capsys, monkeypatch):
     """Ctrl-C while the model loads used to exit 130 without a word."""
-    import literl.assembly.build as components
+    import literl.assembly.builder as components
 
     def interrupted_while_loading(*args, **kwargs):
         raise KeyboardInterrupt

@@ -134,7 +134,7 @@ def test_fp32_rollout_agrees_with_the_trainer(tiny_qwen3_dir, tmp_path):
 
 def test_hostile_responses_score_zero_and_training_continues(tiny_qwen3_dir, tmp_path, monkeypatch):
     """100 KB of digits, deep braces and a huge exponent as responses: scored 0, the step completes."""
-    import literl.assembly.build as components
+    import literl.assembly.builder as components
 
     hostile = ["\\boxed{" + "9" * 100_000 + "}", "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
                "\\boxed{9^{9^{9^{9}}}}", "\\boxed{10^{10^{10}}}"]
@@ -278,7 +278,7 @@ def test_replaying_the_rollouts_forward_trains_like_computing_it(tiny_qwen3_dir,
 def test_eval_policy_trainer_samples_the_trainers_weights_where_the_engine_rounds_its_own(tiny_qwen3_dir, tmp_path):
     """rollout.dtype=int4: the rollout engine holds a 4-bit copy. eval.policy=engine (the default) evaluates with
     that engine; eval.policy=trainer with literl's engine over the policy module itself, built once."""
-    from literl.assembly.build import build_components
+    from literl.assembly.builder import build_components
 
     for policy, expect_trainer in (("engine", False), ("trainer", True)):
         cfg = load_config(preset="minirl", overrides=_overrides(tiny_qwen3_dir, tmp_path / policy, "rollout.dtype=int4",

@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from literl.assembly.build import build_components
+from literl.assembly.builder import build_components
 from literl.config.load import load_config
 from literl.model import PolicyForward
 from literl.rollout.async_rollout import VersionedEngine
