@@ -33,6 +33,7 @@ from rich.markup import escape
 from literl.arena.runs import METRICS_FILE, checkpoint_step, is_finished
 from literl.arena.spec import PlannedRun
 from literl.arena.summary import LOG_NAME
+from literl.data.no_follow import open_append
 from literl.provenance import available_cpus
 
 POLL_SECONDS = 0.2
@@ -177,7 +178,7 @@ class AblationRunner:
     def _launch(self, run: PlannedRun, progress) -> None:
         start_step = prepare_directory(run)
         command = run.command(self.python, self.threads)
-        log = open(run.directory / LOG_NAME, "a")
+        log = open_append(run.directory / LOG_NAME)
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} literl ablate: {' '.join(command)}\n")
         log.flush()
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),

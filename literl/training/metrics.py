@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from literl.data.files import write_text_atomic
+from literl.data.no_follow import open_append
 
 
 def _finite(value: float) -> float | None:
@@ -77,7 +78,7 @@ class MetricsLog:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _finite(v) for k, v in sorted(metrics.items())}}
-        with open(self.path, "a") as f:
+        with open_append(self.path) as f:
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for key, value in metrics.items():
@@ -89,7 +90,7 @@ class MetricsLog:
 
     def log_eval(self, step: int, tag: str, results: dict[str, float]) -> None:
         """One record per evaluation: {"step", "tag", "<benchmark>/<metric>": value, ...}."""
-        with open(self.eval_path, "a") as f:
+        with open_append(self.eval_path) as f:
             f.write(json.dumps({"step": step, "tag": tag, **{k: _finite(v) if isinstance(v, float) else v
                                                              for k, v in results.items()}}) + "\n")
         if self._tb is not None:
@@ -100,7 +101,7 @@ class MetricsLog:
             self._wandb.log({f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))}, step=step)
 
     def log_samples(self, step: int, samples: list[dict]) -> None:
-        with open(self.samples_path, "a") as f:
+        with open_append(self.samples_path) as f:
             for sample in samples:
                 f.write(json.dumps({"step": step, **sample}) + "\n")
 
