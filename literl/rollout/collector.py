@@ -7,8 +7,9 @@ many rounds it took. No other part of the loop knows about it.
 A step that resamples must still end, and say why it takes long: every PROGRESS_SECONDS of resampling it
 reports its round and the groups kept so far; after STALL_ROUNDS rounds in a row that keep no group it stops
 resampling: with groups kept before, it trains on them; with none at all (a filter that can never be met, e.g.
-a reward band outside the reward's range) it stops the run with `GroupFilterStalled`; and a stop request (Ctrl-C) is honoured between two rounds (`StepStopped`), so the
-trainer can save the last complete step instead of waiting for a step that may never finish.
+a reward band outside the reward's range) it stops the run with `GroupFilterStalled`; and a stop request
+(Ctrl-C) is honoured between two rounds (`StepStopped`), so the trainer can save the last complete step instead
+of waiting for a step that may never finish.
 """
 
 from __future__ import annotations
