@@ -300,8 +300,8 @@ def _seeds(raw: Any, source: str) -> list[int]:
 def _check_seed_count(count: int, what: str) -> None:
     """Refused before a list of seeds is built: 30,000,000 seeds took 60 s and 2.3 GB before printing anything."""
     if count > MAX_SEEDS:
-        raise ConfigError(f"{what} asks for {count} seeds, above the limit of {MAX_SEEDS} runs per arm; a paired comparison needs "
-                          f"tens of seeds (see 'seeds needed' in the report), not thousands")
+        raise ConfigError(f"{what} asks for {count} seeds, above the limit of {MAX_SEEDS} runs per arm; a paired "
+                          f"comparison needs tens of seeds (see 'seeds needed' in the report), not thousands")
 
 
 def _check_seed_values(seeds: list[int], what: str) -> None:
