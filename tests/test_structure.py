@@ -15,8 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "literl"
 # What a trick module may import besides the standard library (style.md §3.9).
 TRICK_IMPORTS = {"literl.algorithm.tricks", "literl.algorithm.ops", "literl.algorithm.registry", "torch"}
 MAX_FUNCTION_LINES = 80
-# The packages each package may import (besides its own and `literl.config.errors`, the one error type every layer
-# raises): literl's architecture as rules, a strict order with no circle.
+# The packages each package may import (besides its own and the FOUNDATION modules, the exception types every layer
+# raises or catches): literl's architecture as rules, a strict order with no circle.
 PACKAGE_IMPORTS = {
     "algorithm": set(),                     # the core: tensors in, tensors out
     "model": {"algorithm"},                 # the shared tensor ops (algorithm.ops)
@@ -39,7 +39,7 @@ PACKAGE_IMPORTS = {
     "commands": {"assembly", "training", "rollout", "model", "algorithm", "config", "run", "data", "rewards",
                  "evaluation", "distributed", "testbed", "arena", "tools", "multiturn"},
 }
-FOUNDATION = "literl.config.errors"
+FOUNDATION = {"literl.config.errors", "literl.run.interrupts"}
 # Imports that cross the order on purpose, each inside the one function that needs it, with the reason.
 CROSSINGS = {
     ("literl.algorithm.objective", "literl.config.load"): "Objective.from_config resolves a config not yet "
@@ -153,10 +153,14 @@ def test_packages_import_only_the_layers_below_them():
         if package is None:
             continue
         crossing = sorted(t for t in targets if _package(t) not in (None, package, *PACKAGE_IMPORTS[package])
-                          and t != FOUNDATION and (name, t) not in CROSSINGS)
+                          and t not in FOUNDATION and (name, t) not in CROSSINGS)
         if crossing:
             wrong[name] = crossing
     assert wrong == {}
+
+
+def test_the_foundation_modules_import_nothing_of_literl():
+    assert {name: sorted(GRAPH[name]) for name in FOUNDATION if GRAPH[name]} == {}
 
 
 def test_the_layer_rules_have_no_circle():

@@ -45,7 +45,7 @@ def record_plan(out_dir: Path, spec: AblationSpec, runs: list[PlannedRun]) -> No
     path = out_dir / PLAN_FILE
     before = {}
     if path.is_file():
-        before = {entry["directory"]: entry for entry in json.loads(path.read_text()).get("runs", [])}
+        before = {entry["directory"]: entry for entry in _read_plan(path)["runs"]}
     conflicts = []
     for run in runs:
         relative = str(run.directory.relative_to(out_dir))
@@ -69,7 +69,32 @@ def load_plan(out_dir: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{out_dir} is not an ablation folder (no {PLAN_FILE}); pass run directories "
                           "or the --out folder of `literl ablate`")
-    return json.loads(path.read_text())
+    return _read_plan(path)
+
+
+def _is_plan(plan) -> bool:
+    spec, runs = (plan.get("spec"), plan.get("runs")) if isinstance(plan, dict) else (None, None)
+    return (isinstance(spec, dict) and all(k in spec for k in ("name", "metric", "baseline", "variants", "scenarios"))
+            and isinstance(runs, list)
+            and all(isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("directory", "variant", "scenario"))
+                    and isinstance(r.get("seed"), int) for r in runs))
+
+
+def _read_plan(path: Path) -> dict:
+    """plan.json as `record_plan` wrote it, or a ConfigError naming the damage and the fix."""
+    try:
+        plan = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        problem = "is not valid UTF-8"
+    except json.JSONDecodeError as err:
+        problem = f"is not valid JSON ({err})"
+    else:
+        if _is_plan(plan):
+            return plan
+        problem = "does not hold the spec and the runs an ablation writes there"
+    raise ConfigError(f"{path} {problem}: it is damaged. The runs in {path.parent} are intact; to write the plan "
+                      f"again, move it aside (mv {path} {path}.damaged) and run the same `literl ablate SPEC --out "
+                      f"{path.parent}`, which keeps and resumes them")
 
 
 def is_ablation_directory(path: str | Path) -> bool:

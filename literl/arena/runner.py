@@ -30,9 +30,10 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from literl.arena.runs import METRICS_FILE, checkpoint_step, is_finished
+from literl.arena.runs import METRICS_FILE, SUMMARY_FILE, checkpoint_step, is_finished, read_summary
 from literl.arena.spec import PlannedRun
 from literl.arena.summary import LOG_NAME
+from literl.data.no_follow import open_append
 from literl.run.provenance import available_cpus
 
 POLL_SECONDS = 0.2
@@ -74,8 +75,12 @@ def threads_per_run(jobs: int, threads: int | None = None) -> int:
 
 
 def prepare_directory(run: PlannedRun) -> int:
-    """Make the run's directory ready to launch into; returns the step it will resume from."""
+    """Make the run's directory ready to launch into; returns the step it will resume from. A damaged summary.json
+    (the run counts as unfinished, `is_finished`) is kept beside as summary.json.damaged: the resumed run writes a
+    new one from its last checkpoint."""
     run.directory.mkdir(parents=True, exist_ok=True)
+    if read_summary(run.directory)[1]:
+        os.replace(run.directory / SUMMARY_FILE, run.directory / (SUMMARY_FILE + ".damaged"))
     step = checkpoint_step(run.directory)
     if step is not None:
         return step
@@ -100,8 +105,8 @@ def steps_logged(run_dir: Path) -> int:
     for line in reversed(lines):
         try:
             return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue     # the chunk's first line may be cut, and the last one may be half written
+        except (ValueError, KeyError, TypeError, OverflowError):
+            continue     # the chunk's first line may be cut, the last one half written, a damaged one anything
     return 0
 
 
@@ -134,6 +139,12 @@ class AblationRunner:
     def run(self) -> Outcome:
         pending = [r for r in self.runs if not is_finished(r.directory)]
         self.outcome.skipped = [r for r in self.runs if is_finished(r.directory)]
+        for run in pending:
+            problem = read_summary(run.directory)[1]
+            if problem:
+                self.console.print(f"\\[arena] {self._name(run)}: its {SUMMARY_FILE} is damaged ({escape(problem)}); "
+                                   f"resuming the run to write it again (the old file is kept as "
+                                   f"{SUMMARY_FILE}.damaged)", highlight=False)
         if self.outcome.skipped:
             self.console.print(f"\\[arena] {len(self.outcome.skipped)} of {len(self.runs)} runs already finished: "
                                "skipped", highlight=False)
@@ -177,7 +188,7 @@ class AblationRunner:
     def _launch(self, run: PlannedRun, progress) -> None:
         start_step = prepare_directory(run)
         command = run.command(self.python, self.threads)
-        log = open(run.directory / LOG_NAME, "a")
+        log = open_append(run.directory / LOG_NAME)
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} literl ablate: {' '.join(command)}\n")
         log.flush()
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),

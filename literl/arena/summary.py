@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from literl.arena import stats
-from literl.arena.runs import RunRecord, checkpoint_step
+from literl.arena.runs import SUMMARY_FILE, RunRecord, checkpoint_step
 
 ALL_SCENARIOS = "all"      # the comparison pooled over scenarios, one pair per seed
 LOG_NAME = "train.log"
@@ -112,6 +112,11 @@ def _why_unscored(record: RunRecord, metric: str, source: str = "eval") -> str:
 
     log = Path(record.directory) / LOG_NAME
     step = checkpoint_step(Path(record.directory))
+    if SUMMARY_FILE in record.damaged:
+        where = f"its checkpoint at step {step}" if step is not None else "the start (it has no checkpoint)"
+        return (f"{SUMMARY_FILE} is damaged ({record.damaged[SUMMARY_FILE]}), so the run counts as unfinished: "
+                f"rerun the ablation, which resumes it from {where} and writes {SUMMARY_FILE} again (a plain run: "
+                f"literl train trainer.resume=true trainer.output_dir={record.directory})")
     if step is not None:
         return f"unfinished: checkpoint at step {step}, rerun the ablation to resume it (log: {log})"
     return f"unfinished or failed: no summary.json and no checkpoint (see {log})"

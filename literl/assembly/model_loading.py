@@ -35,6 +35,11 @@ def load_policy(cfg, *, model=None, tokenizer=None, console=None):
             detail = " ".join(str(err).split())[:300]
             raise TestbedCacheError(f"the cached testbed {path} cannot be loaded ({type(err).__name__}: {detail}). "
                                     "Delete that folder: the next run reinstalls or rebuilds it") from None
+        from literl.model.damaged_files import load_failure_message
+
+        damaged = load_failure_message(path, err)
+        if damaged:
+            raise FileNotFoundError(damaged) from None
         if not isinstance(err, OSError):
             raise
         raise FileNotFoundError(f"could not load a causal LM and tokenizer from '{path}': {err}. Pass a directory "

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             return _print_plan(runs, threads_per_run(args.jobs, args.threads))
         # One ablation per folder: a second one would relaunch the same runs, each clearing the other's.
         lock = DirectoryLock(out_dir, what="ablation folder").acquire()
-    except (ConfigError, DirectoryBusy) as err:
+    except (ConfigError, DirectoryBusy, FileExistsError) as err:     # FileExistsError: a link in place of .lock
         print(f"literl ablate: {err}", file=sys.stderr)
         return 2
     try:

@@ -130,8 +130,15 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"need 0 <= --hard-max <= --medium-max <= --samples (got {hard_max}, {medium_max}, "
                              f"{args.samples})")
         sampling = sampling_params(args)
+        if args.output_dir and Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+            # checked before sampling: the counts of every problem would be lost at the first write
+            raise ValueError(f"--output-dir {args.output_dir} is a file, not a folder; name a folder (it is "
+                             "created when missing)")
         model_dir, engine, tokenizer = load_engine(args.model, dtype=args.dtype, device=args.device)
         (problems,) = load_problem_sets(args.problems, args)
+        if len(problems) == 0:
+            raise ValueError(f"--problems {args.problems} has no usable problem (every row was skipped: see the "
+                             "warning above); fix its answers or choose another set")
         template = resolve_template(args.template, tokenizer)
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"literl difficulty: error: {err}", file=sys.stderr)

@@ -181,7 +181,14 @@ def load_engine(path: str | Path, *, dtype: str = "float32", device: str = "auto
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
                                                      local_files_only=True)
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - transformers, safetensors and tokenizers raise many types
+        from literl.model.damaged_files import load_failure_message
+
+        damaged = load_failure_message(model_dir, err)
+        if damaged:
+            raise FileNotFoundError(damaged) from None
+        if not isinstance(err, OSError):
+            raise
         raise FileNotFoundError(f"could not load a causal LM and its tokenizer from {model_dir}: {err}") from None
     model.to(device).eval()
     engine = NativeEngine(model, eos_token_ids=eos_token_ids(model, tokenizer), pad_id=pad_token_id(tokenizer))

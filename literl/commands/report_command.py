@@ -34,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from literl.arena.summary import print_summary
     from rich.console import Console
 
+    export_problem = _export_problem(args.export)
+    if export_problem:
+        print(f"literl report: {export_problem}", file=sys.stderr)
+        return 2
     dirs = [Path(d) for d in args.dirs]
     unknown = [d for d in dirs if not is_ablation_directory(d) and not is_run_directory(d)]
     if unknown:
@@ -56,6 +60,20 @@ def run(args: argparse.Namespace) -> int:
         files = sorted(p.name for p in Path(args.export).iterdir() if p.is_file())
         console.print(f"exported to {args.export}: {', '.join(files)}", highlight=False, markup=False)
     return 0
+
+
+def _export_problem(export: str | None) -> str | None:
+    """Why --export cannot be the folder the figures and tables go to (checked before anything is read)."""
+    if export is None:
+        return None
+    path = Path(export)
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            if not folder.is_dir():
+                return (f"--export {export}: {folder} is a file, not a folder; name a folder (it is created when "
+                        f"missing) to hold the figures and tables")
+            break
+    return None
 
 
 def report_runs(dirs: list[Path], report: Path, *, metric: str | None = None,

@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from literl.distributed import ClusterError
     from literl.rewards import RewardsFailing
+    from literl.rollout.collector import GroupFilterStalled
     from literl.run.lock import DirectoryBusy
     from literl.assembly.api import run as run_training
     from literl.run.checkpoint import CheckpointError
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             ClusterError) as err:
         print(f"literl train: {err}", file=sys.stderr)
         return 2
-    except (NonFiniteTraining, RewardsFailing) as err:       # the trainer already said what it saved
+    except (NonFiniteTraining, RewardsFailing, GroupFilterStalled) as err:   # the trainer said what it saved
         print(f"literl train: {err}", file=sys.stderr)
         return 1
     except OSError as err:

@@ -41,6 +41,13 @@ CHOICES = {
 }
 
 
+# Upper bounds where a huge value would hang a step or exhaust memory rather than fail: each sits far above any
+# setting a study uses, so it only catches a typo or a hostile value, at load, with one line.
+MAX_SEED = 2**32 - 1        # seeds are combined arithmetically (data order, evaluation, vLLM requests) in int64
+MAX_ROUNDS = 1000           # a step resamples at most this often; a filter that keeps nothing stops sooner
+MAX_STALENESS = 64          # k + 1 weight copies in memory and k + 1 staleness-histogram metrics per step
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
@@ -67,6 +74,13 @@ def _check_vllm(r) -> None:
 def _check_async(cfg: Config) -> None:
     r = cfg.rollout
     _check(r.max_staleness >= 0, f"rollout.max_staleness={r.max_staleness} must be >= 0 (0: the synchronous loop)")
+    _check(r.max_staleness <= MAX_STALENESS,
+           f"rollout.max_staleness={r.max_staleness} is above the limit {MAX_STALENESS}: the engine would hold "
+           f"k + 1 copies of the weights and log k + 1 staleness metrics a step; studies use 1 to 8")
+    _check(r.max_staleness <= max(cfg.trainer.steps, 1),
+           f"rollout.max_staleness={r.max_staleness} exceeds trainer.steps={cfg.trainer.steps}: the bound could "
+           f"never be reached and every batch would come from the starting policy; set rollout.max_staleness <= "
+           f"trainer.steps")
     _check(not r.partial_rollouts or r.max_staleness >= 1,
            "rollout.partial_rollouts=true switches a running response to a newer policy version, which only an "
            "asynchronous run has: set rollout.max_staleness >= 1, or partial_rollouts=false")
@@ -183,6 +197,11 @@ def validate(cfg: Config) -> None:
     _check(t.keep_checkpoints >= 0, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 0 (0: keep all)")
     _check(t.log_samples >= 0, f"trainer.log_samples={t.log_samples} must be >= 0")
     _check(r.max_rounds >= 1, "rollout.max_rounds must be >= 1 (1 = no resampling)")
+    _check(r.max_rounds <= MAX_ROUNDS,
+           f"rollout.max_rounds={r.max_rounds} is above the limit {MAX_ROUNDS}; dynamic sampling needs a few rounds "
+           f"(DAPO: up to 10), and a group filter that keeps nothing stops the step long before")
+    _check(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool) and 0 <= cfg.seed <= MAX_SEED,
+           f"seed={cfg.seed} must be an integer from 0 to {MAX_SEED} (2^32 - 1)")
     _check(t.steps >= 0, "trainer.steps must be >= 0")
     _check(1 <= t.minibatches <= r.prompts_per_step,
            f"trainer.minibatches={t.minibatches} must be between 1 and rollout.prompts_per_step={r.prompts_per_step} "

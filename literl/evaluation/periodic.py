@@ -28,7 +28,12 @@ def build_evaluator(cfg, *, tokenizer) -> Callable:
         # --limit` takes them; only their template differs.
         template = (prompt_template(cfg, testbed_problems=True) if name in TESTBED_TIER_BENCHMARKS
                     else cfg.data.template)
-        benchmarks[name] = (load_problems(name, data_dir=cfg.data.dir, limit=ev.limit), template)
+        problems = load_problems(name, data_dir=cfg.data.dir, limit=ev.limit)
+        if len(problems) == 0:
+            # refused here, before training: an evaluation of no problem has no accuracy to report
+            raise ValueError(f"eval.benchmarks: {name} has no usable problem (every row was skipped: see the "
+                             "warning above); fix its answers, or leave it out of eval.benchmarks")
+        benchmarks[name] = (problems, template)
     prompt_options = prompt_options_of(cfg)
     temperature = ev.temperature if ev.temperature is not None else cfg.rollout.temperature
     max_new_tokens = ev.max_new_tokens or cfg.rollout.max_new_tokens

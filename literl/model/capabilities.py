@@ -47,7 +47,7 @@ from literl.model.decode import StaticKVDecoder
 from literl.model.forward import response_hidden
 from literl.model.head import linear_head
 from literl.model.layer import has_layer_structure
-from literl.model.moe import MoeShape, Routing, is_sparse_moe, moe_block
+from literl.model.moe import MoeShape, Routing, is_sparse_moe, moe_block, router_module
 from literl.model.packing import pack_rows, packed_layers
 from literl.model.precision import computing_in
 from literl.model.prompt_pass import batch_prompts, distinct_prompts, prefill
@@ -297,7 +297,7 @@ def _moe_blocks_match(model: torch.nn.Module) -> bool:
         mlp = layer.mlp
         if not is_sparse_moe(mlp):
             continue
-        weight = mlp.gate.weight
+        weight = router_module(mlp.gate).weight
         x_1MH = torch.randn(1, 5, weight.shape[1], generator=generator).to(weight.device, weight.dtype)
         expected = mlp(x_1MH)
         expected = expected[0] if isinstance(expected, tuple) else expected

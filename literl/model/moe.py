@@ -40,22 +40,33 @@ class MoeShape:
 
     @staticmethod
     def of(model: torch.nn.Module) -> "MoeShape | None":
-        gates = [layer.mlp.gate for layer in model.get_decoder().layers if is_sparse_moe(getattr(layer, "mlp", None))]
+        gates = [router_module(layer.mlp.gate) for layer in model.get_decoder().layers
+                 if is_sparse_moe(getattr(layer, "mlp", None))]
         if not gates:
             return None
         return MoeShape(layers=len(gates), top_k=gates[0].top_k, experts=gates[0].weight.shape[0])
 
 
+def router_module(gate: torch.nn.Module) -> torch.nn.Module:
+    """The router itself, for reading its settings (top_k, norm_topk_prob, the weight's shape): under LoRA peft wraps
+    it (`ParamWrapper`, which does not pass those attributes on), while calling the wrapper still runs the adapted
+    router."""
+    unwrap = getattr(gate, "get_base_layer", None)
+    return unwrap() if callable(unwrap) else gate
+
+
 def is_sparse_moe(mlp: torch.nn.Module) -> bool:
     """A block of a top-k router (`gate`: weight [E, H], top_k) and `experts`."""
     gate = getattr(mlp, "gate", None)
-    return (hasattr(mlp, "experts") and gate is not None and isinstance(getattr(gate, "weight", None), torch.Tensor)
-            and isinstance(getattr(gate, "top_k", None), int))
+    router = router_module(gate) if gate is not None else None
+    return (hasattr(mlp, "experts") and router is not None
+            and isinstance(getattr(router, "weight", None), torch.Tensor)
+            and isinstance(getattr(router, "top_k", None), int))
 
 
 def renormalises(gate: torch.nn.Module) -> bool:
     """Whether the router renormalises its top-k weights to sum to one (Mixtral always; Qwen/OLMoE by flag)."""
-    return bool(getattr(gate, "norm_topk_prob", True))
+    return bool(getattr(router_module(gate), "norm_topk_prob", True))
 
 
 def gate_weights(logits_ME: torch.Tensor, experts_MK: torch.Tensor, renormalise: bool) -> torch.Tensor:

@@ -35,7 +35,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Literal, Sequence
 
-_WORKER_ENTRY = "import sys; from literl.rewards.isolation import worker_main; worker_main(sys.argv[1:])"
+# SIGINT ignored first thing: a Ctrl-C in the terminal reaches the whole process group, and the trainer alone
+# decides what it means (finish the step, or abort); a worker would otherwise print a KeyboardInterrupt traceback.
+_WORKER_ENTRY = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; "
+                 "from literl.rewards.isolation import worker_main; worker_main(sys.argv[1:])")
 _LOAD = "__load__"                   # message kind: import a function ahead of its first timed call
 WORKER_STARTUP_TIMEOUT_S = 120.0     # generous: two shared cores under load can be slow to import sympy
 _IN_WORKER = False

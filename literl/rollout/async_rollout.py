@@ -46,15 +46,12 @@ from typing import Callable
 import torch
 
 from literl.algorithm.batch import POLICY_VERSION, STALENESS, RolloutBatch
+from literl.run.interrupts import StepStopped
 from literl.rollout.engine import Generation, SamplingParams
 from literl.rollout.native_engine import NativeEngine
 from literl.rollout.versions import Stopped, VersionedEngine, WeightVersions, detached_copy
 
 JOIN_SECONDS = 30.0
-
-
-class RolloutProducerError(RuntimeError):
-    """The producer thread failed; the trainer's step that waited for its batch raises this."""
 
 
 def batch_version(step: int, max_staleness: int, floor: int = 0) -> int:
@@ -148,8 +145,10 @@ class AsyncCollector:
         return self.inner.stream
 
     # ------------------------------------------------------------------------------------------ the trainer's side
-    def collect(self, rng: torch.Generator | None = None) -> tuple[RolloutBatch, dict[str, float]]:
-        """The batch of the next step (`rng` is not used: each batch samples with its own seeded generator)."""
+    def collect(self, rng: torch.Generator | None = None, *, stop: Callable[[], bool] | None = None
+                ) -> tuple[RolloutBatch, dict[str, float]]:
+        """The batch of the next step (`rng` is not used: each batch samples with its own seeded generator). A stop
+        request (`stop`, the trainer's) while waiting for the producer raises `StepStopped`."""
         asked = time.perf_counter()
         step = self._next_consume
         self.engine.versions.advance_to(step)
@@ -157,6 +156,8 @@ class AsyncCollector:
             self._start()
             with self._cond:
                 while step not in self._ready and self._error is None:
+                    if stop is not None and stop():
+                        raise StepStopped(f"stopped while waiting for the batch of step {step + 1}")
                     self._cond.wait(0.5)
                 self._raise_if_failed()
                 ready = self._ready.pop(step)
@@ -334,9 +335,13 @@ class AsyncCollector:
             self._engine_idle += seconds
 
     def _raise_if_failed(self) -> None:
+        """The producer's own error, raised again in the trainer's thread: the run ends as a synchronous run would
+        on it (one line for a known failure such as RewardsFailing), not wrapped in a second traceback."""
         if self._error is not None:
-            raise RolloutProducerError(f"the rollout producer failed: {type(self._error).__name__}: "
-                                       f"{self._error}") from self._error
+            error = self._error
+            if not any("rollout producer" in note for note in getattr(error, "__notes__", [])):
+                error.add_note("(raised in the rollout producer thread of an asynchronous run)")
+            raise error
 
     def _timing(self, asked: float, got: float) -> dict[str, float]:
         """trainer idle = its wait for the batch; engine idle = the producer's waits (for a free slot or a version)
@@ -374,5 +379,5 @@ def _batch_from_state(state: dict) -> RolloutBatch:
     return RolloutBatch(**state)
 
 
-__all__ = ["AsyncCollector", "VersionedEngine", "WeightVersions", "RolloutProducerError", "batch_version",
+__all__ = ["AsyncCollector", "VersionedEngine", "WeightVersions", "batch_version",
            "batch_seed", "switch_step", "staleness_metrics", "detached_copy"]

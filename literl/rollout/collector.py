@@ -3,6 +3,13 @@
 Dynamic sampling is nothing more than this loop with a group filter that drops groups: the collector
 keeps sampling fresh prompts until `P` groups survive or `max_rounds` rounds have run, and reports how
 many rounds it took. No other part of the loop knows about it.
+
+A step that resamples must still end, and say why it takes long: every PROGRESS_SECONDS of resampling it
+reports its round and the groups kept so far; after STALL_ROUNDS rounds in a row that keep no group it stops
+resampling: with groups kept before, it trains on them; with none at all (a filter that can never be met, e.g.
+a reward band outside the reward's range) it stops the run with `GroupFilterStalled`; and a stop request
+(Ctrl-C) is honoured between two rounds (`StepStopped`), so the trainer can save the last complete step instead
+of waiting for a step that may never finish.
 """
 
 from __future__ import annotations
@@ -17,9 +24,12 @@ import torch
 
 from literl.algorithm.batch import RolloutBatch, slice_rows
 from literl.algorithm.ops import group_mean_std
+from literl.run.interrupts import StepStopped
 from literl.rollout.engine import Engine, SamplingParams
 
 
+PROGRESS_SECONDS = 10.0  # a step resampling longer than this says how far it got, then again each time as long
+STALL_ROUNDS = 20       # rounds in a row keeping no group before a filter counts as one that cannot be met
 MAX_TIERS = 12          # a per-tier curve only makes sense for a few categories
 SMALL_GROUP_STD = 0.1   # a group reward std below this (and above 0) counts in groups/small_std_frac
 
@@ -91,7 +101,8 @@ class PromptStream:
     def _permutation(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(self.num_problems))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        # modulo 2^63: the product must fit the int64 a generator's seed is read as, whatever the epoch
+        g = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) % 2**63)
         return torch.randperm(self.num_problems, generator=g).tolist()
 
     def take(self, n: int) -> list[int]:
@@ -115,6 +126,10 @@ class PromptStream:
         self.seed, self.shuffle = state["seed"], state["shuffle"]
         self.epoch, self.position = state["epoch"], state["position"]
         self._order = self._permutation(self.epoch)
+
+
+class GroupFilterStalled(RuntimeError):
+    """The group filter kept no group in STALL_ROUNDS rounds in a row: the step would resample to no end."""
 
 
 @dataclass
@@ -173,6 +188,7 @@ class Collector:
         self._next_group_id = 0
         self._tiers = tier_labels(problems)
         self._dropped_on_resume = 0
+        self.on_progress: Callable[[str], None] | None = None    # where a long resampling step reports (console)
 
     # ------------------------------------------------------------------------------------ the loop's bookkeeping
     def position(self) -> dict:
@@ -194,13 +210,36 @@ class Collector:
         in_flight = (state.get("rollouts_in_flight") or {}).get("batches", [])
         self._dropped_on_resume = sum(len(b["batch"]["responses"]) for b in in_flight)
 
-    def collect(self, rng: torch.Generator) -> tuple[RolloutBatch, dict[str, float]]:
+    def collect(self, rng: torch.Generator, *, stop: Callable[[], bool] | None = None
+                ) -> tuple[RolloutBatch, dict[str, float]]:
+        """One batch; `stop` (the trainer's stop request) is checked between rounds and raises `StepStopped`."""
         rounds: list[_Round] = []
-        kept_groups = 0
+        kept_groups, empty_in_a_row = 0, 0
+        started = last_report = time.monotonic()
         while kept_groups < self.P and len(rounds) < self.max_rounds:
+            if rounds and stop is not None and stop():
+                raise StepStopped(f"stopped while resampling, after {len(rounds)} rounds")
             rnd = self._sample_round(self.P - kept_groups, rng)
             rounds.append(rnd)
-            kept_groups += len(torch.unique(rnd.group_B[rnd.keep_B]))
+            kept_now = len(torch.unique(rnd.group_B[rnd.keep_B]))
+            kept_groups += kept_now
+            empty_in_a_row = 0 if kept_now else empty_in_a_row + 1
+            if empty_in_a_row >= STALL_ROUNDS and len(rounds) < self.max_rounds:
+                if kept_groups:
+                    break       # the filter can be met, just rarely now: train on the groups kept so far
+                sampled = sum(len(torch.unique(r.group_B)) for r in rounds[-STALL_ROUNDS:])
+                raise GroupFilterStalled(
+                    f"the group filter kept none of the {sampled} groups sampled in the last {STALL_ROUNDS} rounds "
+                    f"(rollout.max_rounds={self.max_rounds}): it looks like a rule no group can meet, and the step "
+                    f"would resample without end. Check algorithm.group_filter.params against the reward's range "
+                    f"(reward/mean, reward/std in metrics.jsonl), or lower rollout.max_rounds to skip such steps")
+            now = time.monotonic()
+            if self.on_progress is not None and now - last_report >= PROGRESS_SECONDS \
+                    and kept_groups < self.P and len(rounds) < self.max_rounds:
+                last_report = now
+                self.on_progress(f"resampling for {now - started:.0f} s: round {len(rounds)} of at most "
+                                 f"{self.max_rounds}, {kept_groups} of {self.P} groups kept so far (the group filter "
+                                 f"dropped the rest; Ctrl-C stops after this round)")
         batch = self._assemble(rounds)
         metrics = self._metrics(rounds, batch)
         if self._dropped_on_resume:

@@ -60,6 +60,9 @@ RUN_MARKERS = ("config.yaml", "run.json", "metrics.jsonl", "checkpoints", "summa
 def _refuse_a_folder_that_is_not_a_run(run_dir: Path, cfg: Config) -> None:
     """A non-empty folder that literl did not write is the user's: training (or "resuming") into it would mix a run
     into their files, and cleaning a run's leftovers there could delete theirs."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FileExistsError(f"trainer.output_dir={run_dir} is a file, not a folder; choose a new or empty "
+                              "folder (the file was not changed)")
     if not run_dir.is_dir() or any((run_dir / name).exists() for name in RUN_MARKERS):
         return
     entries = sorted(entry.name for entry in run_dir.iterdir() if entry.name != LOCK_NAME)

@@ -18,6 +18,8 @@ import os
 import warnings
 from pathlib import Path
 
+from literl.data.no_follow import open_fd
+
 LOCK_NAME = ".lock"
 
 
@@ -42,7 +44,8 @@ class DirectoryLock:
 
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Never through a link: truncating `.lock` below would empty whatever file a planted link points to.
+        fd = open_fd(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:

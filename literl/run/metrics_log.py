@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from literl.data.files import write_text_atomic
+from literl.data.no_follow import open_append
 
 
 def _finite(value: float) -> float | None:
@@ -66,6 +67,8 @@ class MetricsLog:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     continue   # a line cut short by a crash
+                if _record_problem(record):
+                    continue   # a damaged line (read_metrics skips it too, with a warning)
                 if record.get("step", 0) > step:
                     continue
                 if path == self.eval_path and record.get("tag") in retag:
@@ -77,7 +80,7 @@ class MetricsLog:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _finite(v) for k, v in sorted(metrics.items())}}
-        with open(self.path, "a") as f:
+        with open_append(self.path) as f:
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for key, value in metrics.items():
@@ -89,7 +92,7 @@ class MetricsLog:
 
     def log_eval(self, step: int, tag: str, results: dict[str, float]) -> None:
         """One record per evaluation: {"step", "tag", "<benchmark>/<metric>": value, ...}."""
-        with open(self.eval_path, "a") as f:
+        with open_append(self.eval_path) as f:
             f.write(json.dumps({"step": step, "tag": tag, **{k: _finite(v) if isinstance(v, float) else v
                                                              for k, v in results.items()}}) + "\n")
         if self._tb is not None:
@@ -100,7 +103,7 @@ class MetricsLog:
             self._wandb.log({f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))}, step=step)
 
     def log_samples(self, step: int, samples: list[dict]) -> None:
-        with open(self.samples_path, "a") as f:
+        with open_append(self.samples_path) as f:
             for sample in samples:
                 f.write(json.dumps({"step": step, **sample}) + "\n")
 
@@ -129,18 +132,37 @@ def wandb_run_id(run_dir: Path) -> str:
 
 def read_metrics(run_dir: str | Path, name: str = "metrics.jsonl") -> list[dict]:
     """All records of a run's metrics.jsonl (or eval.jsonl), skipping a line cut short by a crash; a line that is
-    not UTF-8 (a damaged or hand-edited file) is skipped too, with a warning naming the file and the line."""
+    not UTF-8, not a JSON object, or whose "step" is not a whole number (a damaged or hand-edited file) is skipped
+    too, with a warning naming the file, the lines and the fix."""
     path = Path(run_dir) / name
-    out, damaged = [], []
+    out = []
+    damaged: dict[str, list[int]] = {}
     for number, raw in enumerate(path.read_bytes().splitlines() if path.exists() else [], start=1):
         try:
-            out.append(json.loads(raw.decode("utf-8")))
+            record = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
-            damaged.append(number)
-        except json.JSONDecodeError:
+            damaged.setdefault("not valid UTF-8", []).append(number)
             continue
-    if damaged:
-        lines = ", ".join(map(str, damaged[:10])) + (", ..." if len(damaged) > 10 else "")
-        warnings.warn(f"{path}, line {lines}: not valid UTF-8; skipped {len(damaged)} line(s) of it", UserWarning,
-                      stacklevel=2)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        problem = _record_problem(record)
+        if problem:
+            damaged.setdefault(problem, []).append(number)
+        else:
+            out.append(record)
+    for problem, numbers in damaged.items():
+        lines = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+        warnings.warn(f"{path}, line {lines}: {problem}; skipped {len(numbers)} line(s) of it (the file was damaged "
+                      f"or edited; resuming the run from a checkpoint before those steps writes them again)",
+                      UserWarning, stacklevel=2)
     return out
+
+
+def _record_problem(record) -> str | None:
+    """Why a parsed line is not a record literl wrote: every record is an object with a whole, finite "step"."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    step = record.get("step")
+    if isinstance(step, bool) or not (isinstance(step, int) or (isinstance(step, float) and step.is_integer())):
+        return f"\"step\" is {json.dumps(step)}, not a whole number"
+    return None

@@ -50,13 +50,15 @@ class RunComponents:
             self.write_record()
             self.write_record = None
 
-    def finish(self, eval_results: dict, steps: int | None = None) -> None:
+    def finish(self, eval_results: dict, steps: int | None = None, no_learning_signal: str | None = None) -> None:
         """Write the run's summary and diagnostics, print the before/after table. `steps`: the steps the final
-        model was trained for (a resume with trainer.steps below its checkpoint keeps the checkpoint's)."""
+        model was trained for (a resume with trainer.steps below its checkpoint keeps the checkpoint's);
+        `no_learning_signal`: why no step of the run had a learning signal, when none had (kept in summary.json)."""
         wall = time.perf_counter() - self.started
         steps = self.cfg.trainer.steps if steps is None else steps
         summary = {"run_dir": str(self.run_dir), "steps": steps, "wall_seconds": wall,
-                   "preset": self.cfg.preset, "seed": self.cfg.seed, "eval": eval_results}
+                   "preset": self.cfg.preset, "seed": self.cfg.seed, "eval": eval_results,
+                   **({"no_learning_signal": no_learning_signal} if no_learning_signal else {})}
         write_json_atomic(self.run_dir / "summary.json", summary)
         write_json_atomic(self.run_dir / "diagnostics.json", self.diagnostics.summary())
         self.log.close()

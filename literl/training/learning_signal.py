@@ -7,10 +7,19 @@ The diagnosis reads only the step's metrics (no trick names), most specific caus
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 
 def no_signal_reason(metrics: dict[str, float], *, group_size: int) -> str:
     """The most likely reason a step's advantages are all 0, in words with the fix."""
     sampled = metrics.get("collect/sampled_groups", 0.0) * group_size
+    if metrics.get("collect/batch_fill", 1.0) == 0.0:
+        rounds = int(metrics.get("collect/rounds", 1))
+        return (f"the group filter kept none of the {int(metrics.get('collect/sampled_groups', 0))} groups sampled "
+                f"in {rounds} round{'s' if rounds != 1 else ''}, so the batch is empty and the step is skipped "
+                "(optim/skipped_step); if this persists the weights never change: loosen "
+                "algorithm.group_filter.params, or raise rollout.max_rounds to resample more")
     for key, value in metrics.items():
         if key.startswith("reward/") and key.endswith("/errors"):
             name = key[len("reward/"):-len("/errors")]
@@ -31,3 +40,30 @@ def no_signal_reason(metrics: dict[str, float], *, group_size: int) -> str:
                 "this persists, the problems are too hard or too easy for the policy (dynamic sampling, "
                 "algorithm.group_filter.name=nonzero_reward_std with rollout.max_rounds > 1, refills such batches)")
     return "every advantage of the step is 0"
+
+
+def run_without_signal(metrics_path: str | Path) -> str | None:
+    """Why a whole run learned nothing, read from its metrics.jsonl (every step of every session, a resume's
+    included): None when some step had a learning signal, or when no step was trained at all (trainer.steps=0)."""
+    steps = skipped = 0
+    path = Path(metrics_path)
+    for line in path.read_bytes().splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        steps += 1
+        if record.get("optim/skipped_step") == 1.0:
+            skipped += 1
+        elif record.get("advantage/all_zero") != 1.0:
+            return None
+    if steps == 0:
+        return None
+    if skipped == steps:
+        return (f"every one of its {steps} steps had an empty batch (the group filter kept no group), so no "
+                "optimizer step ran and final/ holds the starting weights; see the first warning above for the fix")
+    return (f"none of its {steps} steps had a learning signal (every advantage 0; {skipped} of them with an empty "
+            "batch), so the weights moved only through KL, entropy or optimizer momentum, if at all; see the warnings "
+            "above for the cause")

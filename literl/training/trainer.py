@@ -26,7 +26,8 @@ from literl.run.checkpoint import (load_latest_checkpoint, non_finite_parameters
 from literl.training.components import RunComponents
 from literl.model.lora import final_view
 from literl.model.precision import MASTER_DTYPE, compute_dtype
-from literl.training.learning_signal import no_signal_reason
+from literl.run.interrupts import StepStopped
+from literl.training.learning_signal import no_signal_reason, run_without_signal
 
 
 class NonFiniteTraining(RuntimeError):
@@ -67,6 +68,8 @@ class Trainer:
         self._non_finite_in_a_row = 0
         self._signal_warnings: set[str] = set()
         self._last_step_end: float | None = None         # for the end-to-end token rate
+        self._stop_requested = lambda: False             # Ctrl-C / SIGTERM seen (set by the loop)
+        self._nothing_learned: str | None = None         # why no step had a learning signal, when none had
 
     # ------------------------------------------------------------------------------------------ the loop
     def fit(self) -> Path:
@@ -84,11 +87,22 @@ class Trainer:
         p.console.start(total=cfg.trainer.steps, done=self.step)
         last_save = time.monotonic()
         self._last_step_end = time.perf_counter()
+        inner_collector = getattr(p.collector, "inner", p.collector)     # an asynchronous run's producer's
+        if hasattr(inner_collector, "on_progress"):
+            inner_collector.on_progress = p.console.note        # a step that resamples for long says how far it is
         with _deferred_interrupts() as stop_requested:
+            self._stop_requested = stop_requested
             try:
                 while self.step < cfg.trainer.steps and not stop_requested():
                     self._step_start, self._weights_moved = self._loop_state(), False
-                    metrics = self._train_step()
+                    try:
+                        metrics = self._train_step()
+                    except StepStopped:
+                        # Stopped inside a step that had not trained yet (resampling, or waiting for a batch):
+                        # back to the state after the last complete step, which the code below saves.
+                        self._restore_step_start()
+                        self._step_start = None
+                        break
                     self.step += 1
                     self._step_start = None
                     p.log.log(self.step, metrics)
@@ -112,13 +126,14 @@ class Trainer:
             p.console.note(f"interrupted after step {self.step}: checkpoint saved at {path}; continue with "
                            f"trainer.resume=true trainer.output_dir={p.run_dir}")
             raise TrainingInterrupted(path)
+        self._warn_if_nothing_learned()
         self._refuse_non_finite_weights("final/")
         # In the compute dtype (model.dtype), as Hugging Face users expect; the checkpoints keep float32 masters.
         final_dtype = compute_dtype(cfg.model.dtype)
         save_model(p.run_dir / "final", final_view(p.learner.policy()), p.tokenizer,
                    dtype=None if final_dtype == MASTER_DTYPE else final_dtype)
         self._evaluate("after")
-        p.finish(self.eval_results, steps=self.step)
+        p.finish(self.eval_results, steps=self.step, no_learning_signal=self._nothing_learned)
         return p.run_dir
 
     def _save_due(self, last_save: float) -> bool:
@@ -134,6 +149,13 @@ class Trainer:
         return {"rng": rng_state(self.rng), "collector": p.collector.position(),
                 "diagnostics": p.diagnostics.state_dict()}       # state_dict()s are fresh copies
 
+    def _restore_step_start(self) -> None:
+        """Undo what the step in progress changed besides the weights (it had not stepped the optimizer yet)."""
+        p = self.parts
+        p.collector.rewind(self._step_start["collector"])
+        restore_rng_state(self._step_start["rng"], self.rng)
+        p.diagnostics.load_state_dict(self._step_start["diagnostics"])
+
     def _save_after_failure(self, err: Exception) -> None:
         """Best effort: a checkpoint of the last complete step, so that an exception (a full disk, out of
         memory, an I/O error) costs at most the step it happened in."""
@@ -147,9 +169,7 @@ class Trainer:
         if self.step == 0:
             return                      # nothing trained yet: a restart is as good as a checkpoint
         if failed_in_step:
-            p.collector.rewind(self._step_start["collector"])
-            restore_rng_state(self._step_start["rng"], self.rng)
-            p.diagnostics.load_state_dict(self._step_start["diagnostics"])
+            self._restore_step_start()
         if self._saved and self._saved[0] == self.step:
             path = self._saved[1]
         else:
@@ -167,10 +187,12 @@ class Trainer:
         p, cfg = self.parts, self.cfg
         timer = PhaseTimer()
         with timer("rollout"):
-            batch, metrics = p.collector.collect(self.rng)
+            batch, metrics = p.collector.collect(self.rng, stop=self._stop_requested)
         if len(batch) == 0:
             # Every group was filtered out (e.g. dynamic sampling with all-equal groups): nothing to learn from.
-            metrics.update({"loss/total": 0.0, "optim/grad_norm": 0.0, "optim/skipped_step": 1.0})
+            metrics.update({"loss/total": 0.0, "optim/grad_norm": 0.0, "optim/skipped_step": 1.0,
+                            "advantage/all_zero": 1.0})
+            self._warn_no_signal(metrics)
             return {**metrics, **self._timing(timer, batch, metrics)}
         n_minibatches = min(cfg.trainer.minibatches, max(len(torch.unique(batch.group_B)), 1))
         old_logp_BT = ref_logp_BT = None
@@ -219,6 +241,15 @@ class Trainer:
             self._signal_warnings.add(reason)
             self.parts.console.note(f"WARNING: no learning signal at step {self.step + 1}: {reason}. "
                                     "(advantage/all_zero counts such steps in metrics.jsonl)")
+
+    def _warn_if_nothing_learned(self) -> None:
+        """At the end: a run none of whose steps had a learning signal says so, and its summary.json records it, so
+        that it cannot be taken for a run that learned (its final/ is the starting model, or moved only by KL,
+        entropy or momentum)."""
+        reason = run_without_signal(self.parts.log.path)
+        self._nothing_learned = reason
+        if reason:
+            self.parts.console.note(f"WARNING: this run learned nothing: {reason}")
 
     def _on_non_finite_step(self, loss: float, grad_norm: float) -> None:
         self._non_finite_in_a_row += 1

@@ -60,3 +60,19 @@ def test_workers_started_by_a_finished_thread_are_replaced(runner):
     assert runner._workers[0].process.poll() is not None    # SIGKILL when its starting thread ended
     outcome = runner.call("math:sqrt", (9.0,), timeout_s=30)
     assert outcome.status == "ok" and outcome.value == 3.0 and runner.stats["errors"] == 0
+
+
+def test_a_worker_ignores_ctrl_c_so_only_the_trainer_decides_what_it_means(runner):
+    """Issue 59, R1: a Ctrl-C in the terminal reaches every process of the group; a second one printed a worker's
+    KeyboardInterrupt traceback and killed it. SIGINT sent to both workers: they live on and answer the next call
+    (sqrt(16) = 4)."""
+    import os
+    import signal
+
+    assert runner.call("math:sqrt", (4.0,), timeout_s=30).value == 2.0
+    for worker in runner._workers:
+        os.kill(worker.process.pid, signal.SIGINT)
+    time.sleep(0.5)
+    assert all(worker.process.poll() is None for worker in runner._workers)
+    assert runner.call("math:sqrt", (16.0,), timeout_s=30).value == 4.0
+    assert runner.stats["errors"] == 0
