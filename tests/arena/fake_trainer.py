@@ -2,7 +2,8 @@
 
 It reads the overrides the runner passes (trainer.output_dir, trainer.steps, seed, trainer.resume), writes a
 run directory step by step (FAKE_STEP_SECONDS apart), saves `checkpoints/latest` on SIGTERM and exits 130
-like the trainer, and exits 3 without a summary when an override `fake.fail=true` is given.
+like the trainer, and exits 3 without a summary when an override `fake.fail=true` is given. It records the
+CUDA_VISIBLE_DEVICES it saw (devices.jsonl), and FAKE_EFFECT=variant:delta gives a variant a known effect.
 """
 
 import json
@@ -21,6 +22,7 @@ signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
 run_dir.mkdir(parents=True, exist_ok=True)
 with open(run_dir / "launches.txt", "a") as f:   # lets a test count how often a run was (re)started
     f.write(" ".join(sys.argv[1:]) + "\n")
+launched = time.time()
 start = 0
 latest = run_dir / "checkpoints" / "latest"
 if latest.is_file() and args.get("trainer.resume") == "true":
@@ -45,9 +47,21 @@ def checkpoint():
 
 
 checkpoint()
+with open(run_dir / "devices.jsonl", "a") as f:   # which devices it saw, and when: a test checks they were disjoint
+    f.write(json.dumps({"devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": launched, "end": time.time()})
+            + "\n")
 if step < steps:
     sys.exit(130)
 seed = int(args.get("seed", 0))
+final = 0.5 + 0.01 * seed
+if "FAKE_EFFECT" in os.environ:
+    # FAKE_EFFECT=variant:delta adds delta to that variant's final accuracy, plus a noise of sd 0.01 fixed by
+    # (variant, seed), so the sequential tests have a known effect and a spread (the variant is the folder's).
+    import random
+
+    effect_variant, _, delta = os.environ["FAKE_EFFECT"].partition(":")
+    variant = run_dir.parent.parent.name
+    final += (float(delta) if variant == effect_variant else 0.0) + random.Random(f"{variant}-{seed}").gauss(0, 0.01)
 with open(run_dir / "eval.jsonl", "a") as f:
-    f.write(json.dumps({"step": steps, "tag": "after", "testbed/accuracy": 0.5 + 0.01 * seed}) + "\n")
+    f.write(json.dumps({"step": steps, "tag": "after", "testbed/accuracy": final}) + "\n")
 (run_dir / "summary.json").write_text(json.dumps({"steps": steps, "seed": seed}))
