@@ -30,13 +30,17 @@ def default_out_dir(spec: AblationSpec) -> Path:
 
 
 def spec_info(spec: AblationSpec) -> dict:
-    """The parts of a spec the report and a later `literl report` need (JSON-ready)."""
-    return {"name": spec.name, "description": spec.description, "paper_finding": spec.paper_finding,
+    """The parts of a spec the report and a later `literl report` need (JSON-ready); `sequential` only for a
+    spec run in waves, so a fixed-seed spec's plan and summary stay as they were."""
+    info = {"name": spec.name, "description": spec.description, "paper_finding": spec.paper_finding,
             "preset": spec.preset, "base": list(spec.base), "baseline": spec.baseline, "metric": spec.metric,
             "metric_source": spec.metric_source, "mechanism": list(spec.mechanism), "seeds": spec.seeds,
             "source": spec.source,
             "variants": {v.name: {"preset": v.preset, "overrides": list(v.overrides)} for v in spec.variants},
             "scenarios": {s.name: {"overrides": list(s.overrides)} for s in spec.scenarios}}
+    if spec.sequential is not None:
+        info["sequential"] = spec.sequential.as_dict()
+    return info
 
 
 def record_plan(out_dir: Path, spec: AblationSpec, runs: list[PlannedRun]) -> None:
