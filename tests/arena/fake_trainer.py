@@ -2,7 +2,7 @@
 
 It reads the overrides the runner passes (trainer.output_dir, trainer.steps, seed, trainer.resume), writes a
 run directory step by step (FAKE_STEP_SECONDS apart), saves `checkpoints/latest` on SIGTERM and exits 130
-like the trainer, and exits 3 without a summary when an override `fake.fail=true` is given. It records the
+like the trainer (and every FAKE_CHECKPOINT_EVERY steps), and exits 3 without a summary when an override `fake.fail=true` is given. It records the
 CUDA_VISIBLE_DEVICES it saw (devices.jsonl), and FAKE_EFFECT=variant:delta gives a variant a known effect.
 """
 
@@ -27,6 +27,10 @@ start = 0
 latest = run_dir / "checkpoints" / "latest"
 if latest.is_file() and args.get("trainer.resume") == "true":
     start = int(latest.read_text().split("_")[1])
+    if (run_dir / "metrics.jsonl").is_file():    # as the trainer does: steps after the checkpoint are redone
+        kept = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                if json.loads(line)["step"] <= start]
+        (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
 print(f"fake trainer: {run_dir} from step {start}", flush=True)
 if args.get("fake.fail") == "true":
     print("fake trainer: failing on purpose", flush=True)
@@ -34,16 +38,21 @@ if args.get("fake.fail") == "true":
 if start == 0:
     (run_dir / "eval.jsonl").write_text(json.dumps({"step": 0, "tag": "before", "testbed/accuracy": 0.5}) + "\n")
 step = start
-while step < steps and not stop:
-    time.sleep(pause)
-    step += 1
-    with open(run_dir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": step, "accuracy": 0.5}) + "\n")
 
 
 def checkpoint():
     (run_dir / "checkpoints" / f"step_{step:06d}").mkdir(parents=True, exist_ok=True)
     latest.write_text(f"step_{step:06d}")
+
+
+every = int(os.environ.get("FAKE_CHECKPOINT_EVERY", "0"))    # 0: only on SIGTERM and at the end
+while step < steps and not stop:
+    time.sleep(pause)
+    step += 1
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "accuracy": 0.5}) + "\n")
+    if every and step % every == 0:
+        checkpoint()
 
 
 checkpoint()
