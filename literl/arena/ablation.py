@@ -17,6 +17,7 @@ from pathlib import Path
 
 from literl.arena.report import build_report
 from literl.arena.runs import is_run_directory, load_run
+from literl.arena.sequential import decisions, design_from_dict
 from literl.arena.spec import AblationSpec, PlannedRun
 from literl.arena.summary import summarize
 from literl.data.files import write_json_atomic
@@ -98,6 +99,9 @@ def summarize_ablation(out_dir: str | Path, *, report: bool = True, report_path:
                         scenarios=list(info["scenarios"]), baseline=info["baseline"], expected=expected,
                         name=info["name"], metric_source=info.get("metric_source", "eval"))
     summary["spec"] = info
+    if info.get("sequential"):       # seeds in waves: what the design decided on the runs so far
+        summary["sequential"] = decisions(summary, design_from_dict(info["sequential"]), info["seeds"],
+                                          len(info["variants"]) * len(info["scenarios"]))
     write_json_atomic(out_dir / SUMMARY_FILE, summary)
     if report:
         build_report(report_path or out_dir / REPORT_FILE, records, summary, title=f"Ablation: {info['name']}",

@@ -273,6 +273,7 @@ class SimulatedDesign:
     undecided: float        # reached the ceiling without a verdict
     stopped_at: list[float]  # fraction decided (or ended) at each look
     expected_seeds: float   # mean paired seeds used
+    seeds_used: np.ndarray | None = None    # per simulated comparison (to combine comparisons: --plan)
 
     @property
     def resolved(self) -> float:
@@ -312,4 +313,34 @@ def simulate(design: SequentialDesign, effect: float, sd: float, sims: int = 400
               for name in (stats.HELPS, stats.HURTS, EQUIVALENT, stats.NO_DIFFERENCE)}
     return SimulatedDesign(counts[stats.HELPS], counts[stats.HURTS], counts[EQUIVALENT], counts[stats.NO_DIFFERENCE],
                            [float(np.mean(stopped == k)) for k in range(len(looks))],
-                           float(np.mean(np.asarray(looks)[stopped])))
+                           float(np.mean(np.asarray(looks)[stopped])), np.asarray(looks)[stopped])
+
+
+# ---------------------------------------------------------------------------------------------- an ablation
+def design_from_dict(info: dict) -> SequentialDesign:
+    return SequentialDesign(int(info["first"]), int(info["step"]), int(info["max"]), info.get("margin"),
+                            float(info.get("alpha", DEFAULT_ALPHA)), str(info.get("score", "final")))
+
+
+def decisions(summary: dict, design: SequentialDesign, seeds: Sequence[int], runs_per_seed: int) -> dict:
+    """summary.json's `sequential` section: each comparison's looks on the paired differences of the summary's
+    chosen score, taken in the order of `seeds` (the wave order), its decision and the wave it was reached at, and
+    the runs used against the ceiling's."""
+    order = {seed: i for i, seed in enumerate(seeds)}
+    comparisons = []
+    for comp in summary["comparisons"]:
+        entry = comp[design.score]
+        by_seed = dict(zip((p if isinstance(p, int) else p[-1] for p in entry["pairs"]), entry["diffs"]))
+        diffs = [by_seed[s] for s in sorted(by_seed, key=lambda s: order.get(s, len(order)))]
+        looks = run_looks(diffs, design)
+        decided_at = next((i + 1 for i, look in enumerate(looks) if look.decision != CONTINUE), None)
+        comparisons.append({"variant": comp["variant"], "baseline": comp["baseline"], "scenario": comp["scenario"],
+                            "score": design.score, "decision": looks[-1].decision if looks else CONTINUE,
+                            "decided_at_wave": decided_at, "n_pairs": len(diffs),
+                            "looks": [look.as_dict() for look in looks]})
+    sizes = design.looks()
+    seeds_used = len(seeds)
+    return {**design.as_dict(), "waves_run": sum(1 for n in sizes if n <= seeds_used), "waves_planned": len(sizes),
+            "seeds_used": seeds_used, "runs_used": runs_per_seed * seeds_used, "runs_ceiling": runs_per_seed * design.max,
+            "compute_saved": 1 - seeds_used / design.max,
+            "all_decided": all(c["decision"] != CONTINUE for c in comparisons), "comparisons": comparisons}
