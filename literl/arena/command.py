@@ -121,7 +121,7 @@ def _run_locked(args, spec, out_dir: Path, runs, steps, console) -> int:
     summary = ablation.summarize_ablation(out_dir, report=not args.no_report)
     print_summary(summary, Console())
     if "sequential" in summary:
-        from literl.arena.waves import print_sequential
+        from literl.arena.summary import print_sequential
 
         print_sequential(summary["sequential"], Console())
     console.print(f"\\[arena] summary: {escape(str(out_dir / ablation.SUMMARY_FILE))}"

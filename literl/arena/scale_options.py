@@ -97,7 +97,8 @@ def dispatcher(args: argparse.Namespace, total_steps: dict, console) -> Callable
 def run_waves(spec, out_dir: Path, dispatch: Callable, console):
     from rich.console import Console
 
-    from literl.arena.waves import print_sequential, run_in_waves
+    from literl.arena.summary import print_sequential
+    from literl.arena.waves import run_in_waves
 
     def report_wave(wave: int, section: dict) -> None:
         console.print(f"\\[arena] wave {wave} of {section['waves_planned']} done ({section['seeds_used']} seeds)",

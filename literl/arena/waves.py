@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from literl.arena import ablation, stats
+from literl.arena import ablation
 from literl.arena.runner import Outcome
-from literl.arena.sequential import CONTINUE
 from literl.arena.spec import AblationSpec, PlannedRun
 
 
@@ -44,33 +43,3 @@ def run_in_waves(spec: AblationSpec, out_dir, dispatch: Callable[[list[PlannedRu
         if outcome.failed or outcome.interrupted or section["all_decided"]:
             break
     return summary, outcome
-
-
-def describe_decision(comp: dict) -> str:
-    """'hurts at wave 2 (4 pairs), RCI [-0.36, -0.30]' for the terminal and the report."""
-    if not comp["looks"]:
-        return "no look yet"
-    look = comp["looks"][-1]
-    rci = f"RCI [{look['rci_low']:+.3f}, {look['rci_high']:+.3f}]" if abs(look["rci_low"]) < 1e6 else "RCI unbounded"
-    if comp["decision"] == CONTINUE:
-        return f"open after {look['n']} pairs ({rci}): next wave"
-    if comp["decision"] == stats.NO_DIFFERENCE:
-        return f"no detectable difference at the ceiling ({look['n']} pairs, {rci})"
-    return f"{comp['decision']} at wave {comp['decided_at_wave']} ({look['n']} pairs, {rci})"
-
-
-def print_sequential(section: dict, console) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    margin = f", equivalence margin ±{section['margin']}" if section["margin"] is not None else ""
-    table = Table(title=f"sequential seeds: {section['design']}, α {section['alpha']}, looks at "
-                        f"{', '.join(map(str, section['looks']))} seeds{margin}; score {section['score']}")
-    for column in ("variant", "scenario", "decision"):
-        table.add_column(column)
-    for comp in section["comparisons"]:
-        table.add_row(escape(comp["variant"]), escape(comp["scenario"]), escape(describe_decision(comp)))
-    console.print(table)
-    console.print(f"{section['runs_used']} of {section['runs_ceiling']} runs at the ceiling "
-                  f"({100 * section['compute_saved']:.0f}% of the compute saved) after {section['waves_run']} of "
-                  f"{section['waves_planned']} waves", highlight=False)

@@ -64,6 +64,9 @@ def test_a_known_harm_stops_before_the_ceiling_and_a_rerun_trains_nothing(tmp_pa
     again, _ = run_in_waves(sequential_spec(), out, local_dispatch(fake_python))
     assert again["sequential"]["comparisons"][0] == comp
     assert all(launches(out / v / "default" / f"seed_{s}") == 1 for v in "ab" for s in range(4))
+    ablation.summarize_ablation(out, report=True)            # what `literl report OUT` rebuilds
+    page = (out / ablation.REPORT_FILE).read_text()
+    assert "Sequential seeds" in page and "hurts at wave 2 (4 pairs" in page and "50% of the compute saved" in page
 
 
 def test_the_waves_give_the_per_run_metrics_of_a_fixed_seed_run(tmp_path, fake_python, monkeypatch):
