@@ -14,10 +14,11 @@ would reject a true null far more often than α, so the α is *spent* over the l
     boundary is closed-form, c_1 = Φ⁻¹(1 − α(t_1)/2); the later ones are found by numerical integration of the
     continuation density (Armitage, McPherson & Rowe 1969; Jennison & Turnbull 2000, ch. 19) and bisection.
 
-The spending function is the O'Brien–Fleming shape: almost nothing is spent early (at t = 1/4, α(t) ≈ 9e-5), so
-an early stop needs an overwhelming effect, and the last look's boundary is close to the fixed-sample 1.96 (four
-equal looks: 4.333, 2.963, 2.359, 2.014, the values of gsDesign's and ldbounds' symmetric two-sided design). The seeds' spread is unknown, so the z boundaries become t boundaries
-with the same nominal level (Jennison & Turnbull 2000, §11.4): b_k = t_{1 − p_k/2, n_k − 1}, p_k = 2(1 − Φ(c_k)).
+The spending function is the O'Brien–Fleming shape: almost nothing is spent early (at t = 1/4, α(t) ≈ 1.5e-5),
+so an early stop needs an overwhelming effect, and the last look's boundary is close to the fixed-sample 1.96
+(four equal looks: 4.333, 2.963, 2.359, 2.014, the values of gsDesign's and ldbounds' symmetric two-sided
+design). The seeds' spread is unknown, so the z boundaries become t boundaries with the same nominal level (the
+significance level approach of Jennison & Turnbull 2000): b_k = t_{1 − p_k/2, n_k − 1}, p_k = 2(1 − Φ(c_k)).
 
 Each look gives the repeated confidence interval (Jennison & Turnbull 1989) of the mean paired difference,
     RCI_k = d̄_k ± b_k · s_k / √n_k
@@ -181,7 +182,8 @@ def z_boundaries(fractions: Sequence[float], alpha: float = DEFAULT_ALPHA) -> li
             new_density = np.exp(-new_grid ** 2 / (2 * t)) / math.sqrt(2 * math.pi * t)
         else:
             sigma = math.sqrt(t - previous_t)
-            kernel = np.exp(-(new_grid[:, None] - grid[None, :]) ** 2 / (2 * sigma ** 2)) / (sigma * math.sqrt(2 * math.pi))
+            gap = new_grid[:, None] - grid[None, :]
+            kernel = np.exp(-gap ** 2 / (2 * sigma ** 2)) / (sigma * math.sqrt(2 * math.pi))
             new_density = kernel @ (density * _grid_weights(grid))
         grid, density, previous_t = new_grid, new_density, t
     return boundaries
@@ -341,6 +343,7 @@ def decisions(summary: dict, design: SequentialDesign, seeds: Sequence[int], run
     sizes = design.looks()
     seeds_used = len(seeds)
     return {**design.as_dict(), "waves_run": sum(1 for n in sizes if n <= seeds_used), "waves_planned": len(sizes),
-            "seeds_used": seeds_used, "runs_used": runs_per_seed * seeds_used, "runs_ceiling": runs_per_seed * design.max,
+            "seeds_used": seeds_used, "runs_used": runs_per_seed * seeds_used,
+            "runs_ceiling": runs_per_seed * design.max,
             "compute_saved": 1 - seeds_used / design.max,
             "all_decided": all(c["decision"] != CONTINUE for c in comparisons), "comparisons": comparisons}

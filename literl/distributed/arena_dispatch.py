@@ -233,8 +233,8 @@ def _install_stop(ray, refs: dict, stops: list, console) -> dict:
     def stop(signum, frame):
         stops.append(signum)
         if len(stops) == 1:
-            console.print("\n\\[arena] stopping: queued runs cancelled, running ones save a checkpoint and exit (Ctrl-C "
-                          "again to kill them). Rerun the same command to continue.", highlight=False)
+            console.print("\n\\[arena] stopping: queued runs cancelled, running ones save a checkpoint and exit "
+                          "(Ctrl-C again to kill them). Rerun the same command to continue.", highlight=False)
         for ref in list(refs):
             ray.cancel(ref, force=len(stops) > 1)
 

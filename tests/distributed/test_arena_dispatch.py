@@ -170,8 +170,9 @@ print("FINISHED", len(outcome.finished), "SKIPPED", len(outcome.skipped), flush=
 
 def test_a_killed_runner_restarted_skips_finished_runs_and_resumes_the_others(tmp_path, fake_python):
     """The runner (a driver with its own local cluster) is SIGKILLed with its process group once 2 runs finished and
-    another has logged a step; its cluster and workers go with it (the trainers checkpoint every step). Started again, it skips the finished
-    runs, resumes the interrupted ones from their checkpoints, and every run ends with steps 1..6 logged once."""
+    another has logged a step; its cluster and workers go with it (the trainers checkpoint every step). Started
+    again, it skips the finished runs, resumes the interrupted ones from their checkpoints, and every run ends
+    with steps 1..6 logged once."""
     pytest.importorskip("ray")
     out = tmp_path / "out"
     script = tmp_path / "driver.py"
