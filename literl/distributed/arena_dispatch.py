@@ -1,7 +1,10 @@
 """`literl ablate --cluster ADDRESS|local`: each planned run of an ablation as a Ray task on a cluster.
 
 * A task asks for the run's resources (`num_cpus=--cpus-per-run`, `num_gpus=--gpus-per-run`); Ray places it on
-  a node with them free and queues the rest, and gives it its GPUs as `CUDA_VISIBLE_DEVICES`. The task runs the
+  a node with them free and queues the rest, and gives it its GPUs as `CUDA_VISIBLE_DEVICES`. A run that itself
+  uses `cluster.*` (its trainer ranks and rollout workers as Ray actors) is a Ray driver: its task asks for one CPU
+  and no GPU, and the run joins this same cluster (`cluster.address=` its address), where its actors ask for the
+  CPUs and GPUs its `cluster.*` keys give them. The task runs the
   same `literl train` command line as the local runner (literl.arena.spec.PlannedRun.command), with
   `trainer.threads` = its CPUs, so a run's metrics do not depend on where it ran.
 * Run folders live on storage every node sees at the same path (the task writes there, the runner reads the
@@ -39,11 +42,14 @@ PLACEMENT_FILE = "placement.json"    # in each run directory: the node, worker p
 LOCK_WAIT_SECONDS = 600
 DEFAULT_RETRIES = 3
 FORWARDED_ENV_PREFIX = "LITERL_"
+DRIVER_CPUS = 1       # what a run that starts its own actors asks for itself: its loop, metrics and checkpoints
 
 
 # ---------------------------------------------------------------------------------------------- the task
-def train_run(run: PlannedRun, python: str, threads: int, env_vars: dict[str, str]) -> dict:
-    """One run as a Ray task, on whatever node Ray chose (module docstring)."""
+def train_run(run: PlannedRun, python: str, threads: int, env_vars: dict[str, str],
+              cluster_address: str | None = None) -> dict:
+    """One run as a Ray task, on whatever node Ray chose (module docstring); `cluster_address` for a run that
+    starts Ray actors of its own, on this cluster."""
     import ray
 
     directory = run.directory
@@ -60,7 +66,7 @@ def train_run(run: PlannedRun, python: str, threads: int, env_vars: dict[str, st
            "TOKENIZERS_PARALLELISM": "false"}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    command = run.command(python, threads)
+    command = run.command(python, threads) + ([f"cluster.address={cluster_address}"] if cluster_address else [])
     with open(directory / LOG_NAME, "a") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} literl ablate --cluster on {placement['node']} "
                   f"(attempt {placement['attempt']}): {' '.join(command)}\n")
@@ -181,10 +187,18 @@ def run_on_cluster(runs: list[PlannedRun], total_steps: dict[Path, int], *, addr
     ray = connect(address)
     check_resources(ray, cpus_per_run, gpus_per_run)
     check_shared_storage(ray, Path(os.path.commonpath([str(r.directory.parent) for r in pending])))
-    task = ray.remote(train_run).options(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=max_retries)
+    task = ray.remote(max_retries=max_retries)(train_run)
+    address = cluster_address(ray)
     if env_vars is None:
         env_vars = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
-    refs = {task.remote(run, python, cpus_per_run, env_vars): run for run in pending}
+    refs = {}
+    for run in pending:
+        if uses_cluster(run):       # a Ray driver: its actors ask for the resources, on this cluster
+            refs[task.options(num_cpus=DRIVER_CPUS, num_gpus=0).remote(run, python, DRIVER_CPUS, env_vars,
+                                                                        address)] = run
+        else:
+            refs[task.options(num_cpus=cpus_per_run, num_gpus=gpus_per_run).remote(run, python, cpus_per_run,
+                                                                                env_vars)] = run
     table = LiveTable(pending, total_steps)
     stops: list[int] = []
     previous = _install_stop(ray, refs, stops, console)
@@ -202,6 +216,17 @@ def run_on_cluster(runs: list[PlannedRun], total_steps: dict[Path, int], *, addr
             signal.signal(sig, handler)
     outcome.interrupted = bool(stops)
     return outcome
+
+
+def uses_cluster(run: PlannedRun) -> bool:
+    """Whether the run's own overrides start Ray actors (the last `cluster.address=` is set and not null)."""
+    values = [o.split("=", 1)[1].strip() for o in run.overrides if o.split("=", 1)[0].strip() == "cluster.address"]
+    return bool(values) and values[-1] not in ("", "null", "None", "~")
+
+
+def cluster_address(ray) -> str:
+    """The address a run started on this cluster joins it by (its GCS host:port)."""
+    return ray.get_runtime_context().gcs_address
 
 
 def _settle(ray, ref, run: PlannedRun, outcome: Outcome, table: "LiveTable", stops: list, console) -> None:

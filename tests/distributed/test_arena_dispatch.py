@@ -207,3 +207,20 @@ def test_a_killed_runner_restarted_skips_finished_runs_and_resumes_the_others(tm
         os.killpg(first.pid, signal.SIGKILL)    # what of the first cluster outlived its driver
     except ProcessLookupError:
         pass
+
+
+def test_a_run_that_starts_its_own_actors_joins_this_cluster_and_leaves_it_the_resources(gpu_cluster, tmp_path,
+                                                                                          fake_python):
+    """Variant `ray` sets cluster.address=local: its task asks for 1 CPU and no GPU (not --gpus-per-run 4, which
+    would leave its own actors nothing), and its command line ends with cluster.address=<this cluster's GCS>, so
+    its actors are scheduled here. Variant `a` gets the 4 GPUs it asks for."""
+    from literl.distributed.arena_dispatch import cluster_address
+
+    runs = plan(tmp_path / "o", seeds=1, variants={"a": {}, "ray": {"cluster.address": "local"}})
+    outcome, _ = on_cluster(runs, fake_python, gpus_per_run=4, cpus_per_run=1)
+    assert outcome.exit_code == 0
+    plain, driver = (json.loads((r.directory / "placement.json").read_text()) for r in runs)
+    assert len(plain["gpus"]) == 4 and driver["gpus"] == []
+    launched = (runs[1].directory / "launches.txt").read_text().split()
+    assert launched[-1] == f"cluster.address={cluster_address(gpu_cluster)}" and "cluster.address=local" in launched
+    assert "cluster.address" not in (runs[0].directory / "launches.txt").read_text()
