@@ -114,10 +114,12 @@ def _run_locked(args, spec, out_dir: Path, runs, steps, console) -> int:
     from literl.arena import scale_options
 
     dispatch = scale_options.dispatcher(args, {r.directory: steps[(r.variant, r.scenario)] for r in runs}, console)
-    if spec.sequential is None:
-        outcome = dispatch(runs)
-    else:
-        outcome = scale_options.run_waves(spec, out_dir, dispatch, console)
+    try:
+        outcome = dispatch(runs) if spec.sequential is None else scale_options.run_waves(spec, out_dir, dispatch,
+                                                                                        console)
+    except ConfigError as err:        # a cluster that cannot take the runs (unreachable, too small, blind nodes)
+        print(f"literl ablate: {err}", file=sys.stderr)
+        return 2
     summary = ablation.summarize_ablation(out_dir, report=not args.no_report)
     print_summary(summary, Console())
     if "sequential" in summary:

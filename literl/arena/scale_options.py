@@ -88,10 +88,17 @@ def dispatcher(args: argparse.Namespace, total_steps: dict, console) -> Callable
         return lambda runs: run_ablation(runs, total_steps, jobs=args.jobs, threads=args.threads, console=console,
                                          device_groups=args.device_groups)
     from literl.distributed.arena_dispatch import run_on_cluster
+    from literl.distributed.cluster import ClusterError
 
     cpus = args.cpus_per_run or threads_per_run(args.jobs, args.threads)
-    return lambda runs: run_on_cluster(runs, total_steps, address=args.cluster, cpus_per_run=cpus,
-                                       gpus_per_run=args.gpus_per_run or 0, console=console)
+
+    def on_cluster(runs):
+        try:
+            return run_on_cluster(runs, total_steps, address=args.cluster, cpus_per_run=cpus,
+                                  gpus_per_run=args.gpus_per_run or 0, console=console)
+        except ClusterError as err:     # the command reports it as bad input, with the fix the message names
+            raise ConfigError(str(err)) from err
+    return on_cluster
 
 
 def run_waves(spec, out_dir: Path, dispatch: Callable, console):

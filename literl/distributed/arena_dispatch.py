@@ -113,6 +113,8 @@ def connect(address: str):
     if ray.is_initialized():
         return ray
     options = dict(include_dashboard=False, configure_logging=False, log_to_driver=False)
+    if address != "local":
+        _check_reachable(address)
     try:
         if address == "local":
             ray.init(num_cpus=available_cpus(), **options)
@@ -122,6 +124,22 @@ def connect(address: str):
         raise ClusterError(f"could not join the Ray cluster at --cluster {address}: {err}. Start its head with "
                            "`ray start --head` and give its address, or use --cluster local") from err
     return ray
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail within seconds on a host:port nothing listens on: ray.init would retry for minutes, then exit."""
+    import socket
+
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if address == "auto" or not host or not port.isdigit():
+        return      # a form ray.init understands and this check does not: let it decide
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise ClusterError(f"could not join the Ray cluster at --cluster {address}: nothing answers there ({err}). "
+                           f"Start its head with `ray start --head --port={port}` on {host}, check the address, or "
+                           "use --cluster local") from err
 
 
 def alive_nodes(ray) -> list[dict]:

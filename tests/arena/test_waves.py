@@ -129,3 +129,15 @@ def test_plan_reads_the_pilot_and_prints_the_seeds_needed(tmp_path, fake_python,
     out = capsys.readouterr().out
     assert f"{stats.seeds_needed(0.02, sd)} seeds fixed" in out and f"s_d {sd:.4f}" in out
     assert "sequential 4,4,16:" in out and "expected runs under the sequential design" in out
+
+
+def test_a_cluster_that_cannot_be_joined_is_refused_with_the_fix(tmp_path, capsys):
+    """Nothing listens on 127.0.0.1:1: the command exits 2 naming the address and how to start a head, and no run
+    starts (a sequential spec's first wave included)."""
+    pytest.importorskip("ray")
+    argv = ["ablate", "positive_control", "--sequential", "2,2,8", "--cluster", "127.0.0.1:1", "--out",
+            str(tmp_path / "o"), "--no-report"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "could not join the Ray cluster at --cluster 127.0.0.1:1" in err and "ray start --head" in err
+    assert not (tmp_path / "o" / "lr_tuned" / "default" / "seed_0" / "train.log").exists()
