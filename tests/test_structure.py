@@ -33,7 +33,8 @@ PACKAGE_IMPORTS = {
     "evaluation": {"data", "rewards", "rollout", "model", "config", "run", "algorithm"},
     # The arena runs trainings as subprocesses: a run is its command line, so it never imports the runtime.
     "arena": {"algorithm", "config", "data", "run"},
-    "distributed": {"training", "rollout", "model", "algorithm", "config", "run", "data"},
+    # Ray behind the Engine and Learner protocols, and the arena's runs dispatched as Ray tasks.
+    "distributed": {"training", "rollout", "model", "algorithm", "config", "run", "data", "arena"},
     "assembly": {"training", "rollout", "model", "algorithm", "config", "run", "data", "rewards", "evaluation",
                  "distributed", "testbed", "tools", "multiturn"},
     "commands": {"assembly", "training", "rollout", "model", "algorithm", "config", "run", "data", "rewards",

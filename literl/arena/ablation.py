@@ -17,6 +17,7 @@ from pathlib import Path
 
 from literl.arena.report import build_report
 from literl.arena.runs import is_run_directory, load_run
+from literl.arena.sequential import decisions, design_from_dict
 from literl.arena.spec import AblationSpec, PlannedRun
 from literl.arena.summary import summarize
 from literl.data.files import write_json_atomic
@@ -30,13 +31,17 @@ def default_out_dir(spec: AblationSpec) -> Path:
 
 
 def spec_info(spec: AblationSpec) -> dict:
-    """The parts of a spec the report and a later `literl report` need (JSON-ready)."""
-    return {"name": spec.name, "description": spec.description, "paper_finding": spec.paper_finding,
+    """The parts of a spec the report and a later `literl report` need (JSON-ready); `sequential` only for a
+    spec run in waves, so a fixed-seed spec's plan and summary stay as they were."""
+    info = {"name": spec.name, "description": spec.description, "paper_finding": spec.paper_finding,
             "preset": spec.preset, "base": list(spec.base), "baseline": spec.baseline, "metric": spec.metric,
             "metric_source": spec.metric_source, "mechanism": list(spec.mechanism), "seeds": spec.seeds,
             "source": spec.source,
             "variants": {v.name: {"preset": v.preset, "overrides": list(v.overrides)} for v in spec.variants},
             "scenarios": {s.name: {"overrides": list(s.overrides)} for s in spec.scenarios}}
+    if spec.sequential is not None:
+        info["sequential"] = spec.sequential.as_dict()
+    return info
 
 
 def record_plan(out_dir: Path, spec: AblationSpec, runs: list[PlannedRun]) -> None:
@@ -119,6 +124,9 @@ def summarize_ablation(out_dir: str | Path, *, report: bool = True, report_path:
                         scenarios=list(info["scenarios"]), baseline=info["baseline"], expected=expected,
                         name=info["name"], metric_source=info.get("metric_source", "eval"))
     summary["spec"] = info
+    if info.get("sequential"):       # seeds in waves: what the design decided on the runs so far
+        summary["sequential"] = decisions(summary, design_from_dict(info["sequential"]), info["seeds"],
+                                          len(info["variants"]) * len(info["scenarios"]))
     write_json_atomic(out_dir / SUMMARY_FILE, summary)
     if report:
         build_report(report_path or out_dir / REPORT_FILE, records, summary, title=f"Ablation: {info['name']}",

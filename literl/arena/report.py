@@ -22,7 +22,7 @@ from literl.arena.runs import RunRecord
 from literl.arena.spec import MECHANISM_SECTIONS
 from literl.arena.stats import SCORES
 from literl.arena.summary import (EVAL_NOISE_SCORES, eval_noise_is_notable, format_cell, format_detectable,
-                                  format_eval_noise, format_fragility)
+                                  format_eval_noise, format_fragility, sequential_html)
 from literl.data.files import write_text_atomic
 
 CSS = """
@@ -485,7 +485,7 @@ def build_report(path: str | Path, records: Sequence[RunRecord], summary: dict, 
     body = [f"<h1>{_e(title)}</h1>",
             f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M')} by <code>literl</code> from "
             f"{len(records)} run directories; {summary['runs']['used']} finished runs enter the statistics.</p>",
-            _setup_section(spec_info, records), _statistics_section(summary),
+            _setup_section(spec_info, records), _statistics_section(summary) + sequential_html(summary),
             _curves_section(records, variants, scenarios, styles, summary["metric"], figures,
                             summary.get("metric_source", "eval")),
             _diagnostics_section(records, variants, scenarios, styles, figures,

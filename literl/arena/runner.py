@@ -5,7 +5,8 @@
   (`trainer.resume=true`); one without is restarted from scratch (its partial logs are cleared, the log
   file is kept and appended to).
 * `jobs` runs at a time, each with `threads // jobs` torch threads (`trainer.threads=`), so parallel runs
-  do not oversubscribe the cores.
+  do not oversubscribe the cores. With device groups (`--gpus-per-run`, literl.arena.devices) each run gets a
+  free group as its `CUDA_VISIBLE_DEVICES`, and a run waits until a group is free.
 * Children run in their own session, so Ctrl-C reaches only the runner: it stops launching and sends each
   child one SIGTERM, on which the trainer finishes its step, saves a checkpoint and exits; a second Ctrl-C
   kills them (the last complete checkpoint stays usable). On Linux a child also gets SIGTERM if the runner
@@ -65,6 +66,7 @@ class _Active:
     started: float
     total_steps: int
     task: object = None
+    devices: tuple[str, ...] | None = None
 
 
 def threads_per_run(jobs: int, threads: int | None = None) -> int:
@@ -122,12 +124,14 @@ class AblationRunner:
     """Launches the planned runs `jobs` at a time and shows overall progress (runs done, steps, ETA)."""
 
     def __init__(self, runs: list[PlannedRun], total_steps: dict[Path, int], *, jobs: int = 1,
-                 threads: int | None = None, console=None, python: str = sys.executable):
+                 threads: int | None = None, console=None, python: str = sys.executable,
+                 device_groups: list[tuple[str, ...]] | None = None):
         from rich.console import Console
 
         self.runs = runs
         self.total_steps = total_steps
-        self.jobs = max(1, jobs)
+        self.device_groups = device_groups      # None: runs see the devices the runner sees
+        self.jobs = max(1, min(jobs, len(device_groups)) if device_groups else jobs)
         self.threads = threads_per_run(self.jobs, threads)
         self.console = console or Console(stderr=True)
         self.python = python
@@ -193,6 +197,9 @@ class AblationRunner:
         log.flush()
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),
                "TOKENIZERS_PARALLELISM": "false"}
+        devices = self._free_devices()
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         try:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env=env, start_new_session=True, preexec_fn=_die_with_parent)
@@ -204,12 +211,20 @@ class AblationRunner:
                                f"({escape(str(err))})", highlight=False)
             return
         total = self.total_steps.get(run.directory, 1)
-        active = _Active(run, process, log, time.perf_counter(), total)
+        active = _Active(run, process, log, time.perf_counter(), total, devices=devices)
         active.task = progress.add_task(f"  {self._name(run)}", total=total, completed=start_step,
                                         detail="steps")
         self.active.append(active)
         resumed = f" (resuming at step {start_step})" if start_step else ""
-        self.console.print(f"\\[arena] started {self._name(run)}{resumed}", highlight=False)
+        on = f" on GPU {','.join(devices)}" if devices is not None else ""
+        self.console.print(f"\\[arena] started {self._name(run)}{on}{resumed}", highlight=False)
+
+    def _free_devices(self) -> tuple[str, ...] | None:
+        """The first device group no active run holds (jobs <= groups, so one is free when a run launches)."""
+        if not self.device_groups:
+            return None
+        taken = {a.devices for a in self.active}
+        return next(group for group in self.device_groups if group not in taken)
 
     def _poll(self, progress) -> None:
         overall = self._steps_done_before() + sum(self.total_steps.get(r.directory, 1)
@@ -274,6 +289,8 @@ def _tail(path: Path, n: int) -> list[str]:
 
 
 def run_ablation(runs: list[PlannedRun], total_steps: dict[Path, int], *, jobs: int = 1,
-                 threads: int | None = None, console=None) -> Outcome:
+                 threads: int | None = None, console=None,
+                 device_groups: list[tuple[str, ...]] | None = None) -> Outcome:
     """Run every planned run that is not finished yet; see the module docstring."""
-    return AblationRunner(runs, total_steps, jobs=jobs, threads=threads, console=console).run()
+    return AblationRunner(runs, total_steps, jobs=jobs, threads=threads, console=console,
+                          device_groups=device_groups).run()

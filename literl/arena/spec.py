@@ -20,6 +20,9 @@
                                              # (metrics.jsonl, every step: e.g. entropy/mean for a claim about it)
     mechanism: [lengths]                     # optional: the report sections that explain the finding, shown
                                              # first (MECHANISM_SECTIONS)
+    sequential: {first: 4, step: 4, max: 16, margin: 0.02}   # optional: seeds in waves, stopping when each
+                                             # comparison is decided (literl.arena.sequential); seeds may then be
+                                             # left out (0..max-1) or list at least max seeds, taken in order
 
 Every run is `literl train --preset P <base> <scenario> <variant> seed=S trainer.output_dir=...`, in that
 order, so a variant's value wins over a scenario's and a scenario's over the base. A variant and a
@@ -39,11 +42,12 @@ from typing import Any
 
 import yaml
 
+from literl.arena.sequential import SequentialDesign, parse_design
 from literl.config.errors import ConfigError
 
 SPEC_KEYS = ("name", "description", "paper_finding", "preset", "base", "baseline", "variants", "scenarios",
-             "seeds", "metric", "metric_source", "mechanism")
-REQUIRED_KEYS = ("preset", "baseline", "variants", "seeds")
+             "seeds", "metric", "metric_source", "mechanism", "sequential")
+REQUIRED_KEYS = ("preset", "baseline", "variants", "seeds")   # seeds may be left out when `sequential` is given
 RUNNER_KEYS = ("seed", "trainer.output_dir", "trainer.resume", "trainer.threads")
 DEFAULT_METRIC = "testbed/accuracy"
 METRIC_SOURCES = ("eval", "train")   # eval.jsonl (held-out evaluations) or metrics.jsonl (every training step)
@@ -104,6 +108,7 @@ class AblationSpec:
     paper_finding: str = ""
     source: str = ""
     raw: dict = field(default_factory=dict)
+    sequential: SequentialDesign | None = None    # None: the seeds are fixed up front
 
     @property
     def variant_names(self) -> list[str]:
@@ -188,7 +193,7 @@ def parse_spec(raw: Any, *, source: str = "<spec>", default_name: str = "ablatio
                  else f"'{k}'" for k in unknown]
         raise ConfigError(f"ablation spec {source}: unknown key(s) {', '.join(hints)}. Valid keys: "
                           f"{', '.join(SPEC_KEYS)}.")
-    missing = [k for k in REQUIRED_KEYS if k not in raw]
+    missing = [k for k in REQUIRED_KEYS if k not in raw and not (k == "seeds" and raw.get("sequential"))]
     if missing:
         raise ConfigError(f"ablation spec {source}: missing required key(s) {', '.join(missing)}")
     variants = _arms(raw["variants"], "variants", source, allow_preset=True)
@@ -205,9 +210,11 @@ def parse_spec(raw: Any, *, source: str = "<spec>", default_name: str = "ablatio
         raise ConfigError(f"ablation spec {source}: metric_source '{metric_source}' must be one of "
                           f"{', '.join(METRIC_SOURCES)} (eval: a held-out key of eval.jsonl; train: a per-step key of "
                           "metrics.jsonl)")
+    design = parse_design(raw["sequential"], f"ablation spec {source}: sequential") if raw.get("sequential") else None
     spec = AblationSpec(
         name=str(raw.get("name") or default_name), preset=str(raw["preset"]), baseline=baseline,
-        variants=variants, scenarios=scenarios, seeds=_seeds(raw["seeds"], source), base=base,
+        variants=variants, scenarios=scenarios, seeds=_sequential_seeds(raw.get("seeds"), design, source)
+        if design else _seeds(raw["seeds"], source), base=base, sequential=design,
         metric=str(raw.get("metric") or DEFAULT_METRIC), metric_source=metric_source,
         mechanism=_mechanism(raw.get("mechanism"), source), description=str(raw.get("description") or "").strip(),
         paper_finding=str(raw.get("paper_finding") or "").strip(), source=source, raw=raw)
@@ -310,6 +317,18 @@ def _check_seed_values(seeds: list[int], what: str) -> None:
     bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
     if bad:
         raise ConfigError(f"{what}: seed {bad[0]} is outside 0..{MAX_SEED} (a run's seed is a 32-bit integer)")
+
+
+def _sequential_seeds(raw: Any, design: SequentialDesign, source: str) -> list[int]:
+    """The seed pool of a sequential spec, in wave order: 0..max-1, or the spec's list (at least max seeds)."""
+    _check_seed_count(design.max, f"ablation spec {source}: sequential max")
+    if raw is None:
+        return list(range(design.max))
+    seeds = _seeds(raw, source)
+    if len(seeds) < design.max:
+        raise ConfigError(f"ablation spec {source}: sequential max is {design.max} seeds but seeds gives "
+                          f"{len(seeds)}; list at least {design.max} seeds, or leave seeds out (0..{design.max - 1})")
+    return seeds[:design.max]
 
 
 def parse_seed_list(text: str) -> list[int]:

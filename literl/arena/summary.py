@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 
 from literl.arena import stats
 from literl.arena.runs import SUMMARY_FILE, RunRecord, checkpoint_step
+from literl.arena.sequential import CONTINUE
 
 ALL_SCENARIOS = "all"      # the comparison pooled over scenarios, one pair per seed
 LOG_NAME = "train.log"
@@ -330,3 +331,55 @@ def print_summary(summary: dict, console=None) -> None:
         for item in missing:
             console.print(escape(f"  {item['variant']}/{item['scenario']}/seed_{item['seed']}: {item['reason']}"),
                           highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------- sequential
+def describe_decision(comp: dict) -> str:
+    """'hurts at wave 2 (4 pairs), RCI [-0.36, -0.30]' for the terminal and the report."""
+    if not comp["looks"]:
+        return "no look yet"
+    look = comp["looks"][-1]
+    rci = f"RCI [{look['rci_low']:+.3f}, {look['rci_high']:+.3f}]" if abs(look["rci_low"]) < 1e6 else "RCI unbounded"
+    if comp["decision"] == CONTINUE:
+        return f"open after {look['n']} pairs ({rci}): next wave"
+    if comp["decision"] == stats.NO_DIFFERENCE:
+        return f"no detectable difference at the ceiling ({look['n']} pairs, {rci})"
+    return f"{comp['decision']} at wave {comp['decided_at_wave']} ({look['n']} pairs, {rci})"
+
+
+def print_sequential(section: dict, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    margin = f", equivalence margin ±{section['margin']}" if section["margin"] is not None else ""
+    table = Table(title=f"sequential seeds: {section['design']}, α {section['alpha']}, looks at "
+                        f"{', '.join(map(str, section['looks']))} seeds{margin}; score {section['score']}")
+    for column in ("variant", "scenario", "decision"):
+        table.add_column(column)
+    for comp in section["comparisons"]:
+        table.add_row(escape(comp["variant"]), escape(comp["scenario"]), escape(describe_decision(comp)))
+    console.print(table)
+    console.print(f"{section['runs_used']} of {section['runs_ceiling']} runs at the ceiling "
+                  f"({100 * section['compute_saved']:.0f}% of the compute saved) after {section['waves_run']} of "
+                  f"{section['waves_planned']} waves", highlight=False)
+
+
+def sequential_html(summary: dict) -> str:
+    """The report's section on the sequential design ('' for a fixed-seed ablation)."""
+    import html
+
+    section = summary.get("sequential")
+    if not section:
+        return ""
+    margin = (f"equivalent when the interval lies inside ±{section['margin']}" if section["margin"] is not None
+              else "no equivalence margin stated")
+    rows = "".join(f"<tr><td class='l'>{html.escape(c['variant'])}</td><td class='l'>{html.escape(c['scenario'])}"
+                   f"</td><td class='l'>{html.escape(describe_decision(c))}</td></tr>" for c in section["comparisons"])
+    return (f"<h3>Sequential seeds</h3><p class='note'>Design: {html.escape(section['design'])} (α "
+            f"{section['alpha']}), looks after {', '.join(map(str, section['looks']))} seeds, score "
+            f"<code>{html.escape(section['score'])}</code>; helps/hurts when the repeated confidence interval (RCI) "
+            f"excludes 0, {margin} (docs/arena-at-scale.md).</p><table><tr><th class='l'>variant</th><th "
+            f"class='l'>scenario</th><th class='l'>decision</th></tr>{rows}</table><p class='note'>"
+            f"{section['runs_used']} of {section['runs_ceiling']} runs at the ceiling: "
+            f"{100 * section['compute_saved']:.0f}% of the compute saved, after {section['waves_run']} of "
+            f"{section['waves_planned']} waves.</p>")

@@ -16,9 +16,14 @@ examples:
   literl ablate advantage_norm --dry-run             # validate and print the runs without starting them
   literl ablate finding_c --seeds 12-23              # the same spec on other seeds, into finding_c-seeds_12-23
   literl ablate finding_e --variants lite_ppo,grpo   # leave an arm out (the baseline stays)
+  literl ablate clip_higher --gpus-per-run 2         # each run on 2 of this machine's GPUs, the rest queued
+  literl ablate clip_higher --cluster ray://head:10001 --gpus-per-run 1   # each run a Ray task on the cluster
+  literl ablate positive_control --sequential 2,2,8  # seeds in waves, stopping when the answer is known
+  literl ablate clip_higher --plan --pilot runs/ablations/clip_higher --effect 0.02   # seeds before spending
 
 Ctrl-C stops launching and lets running runs save a checkpoint; run the same command again to continue.
-The spec format is in docs/arena.md; `literl report OUT` rebuilds summary.json and report.html.
+The spec format is in docs/arena.md; `literl report OUT` rebuilds summary.json and report.html. GPUs, Ray
+clusters and sequential seeds: docs/arena-at-scale.md.
 """
 
 
@@ -28,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides added to the spec's base (every run), e.g. trainer.steps=10")
     parser.add_argument("--out", help="output folder (default: runs/ablations/<spec name>)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs at a time (default 1; with --gpus-per-run, as many as the GPUs hold)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads shared by the jobs (default: the CPUs this process may use); each run "
                              "gets threads // jobs")
@@ -39,7 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="validate the spec and print the runs, run nothing")
     parser.add_argument("--no-report", action="store_true", help="write summary.json but not report.html")
     parser.add_argument("--list", action="store_true", help="list the shipped specs and exit")
-    from literl.config.plugins import add_import_argument
+    from literl.commands.ablate_options import add_scale_arguments
+
+    add_scale_arguments(parser)
+    from literl.plugins import add_import_argument
 
     add_import_argument(parser)
 
@@ -57,15 +66,21 @@ def run(args: argparse.Namespace) -> int:
     if not args.spec:
         print("literl ablate: name a spec file or a shipped spec (`literl ablate --list` shows them)", file=sys.stderr)
         return 2
-    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
+    if (args.jobs is not None and args.jobs < 1) or (args.threads is not None and args.threads < 1):
         print("literl ablate: --jobs and --threads must be >= 1", file=sys.stderr)
         return 2
+    from literl.commands import ablate_options as scale_options
+
     console = Console(stderr=True)
     try:
-        spec = _narrowed(load_spec(args.spec, extra_base=_with_import_flags(args)), args)
-        out_dir = Path(args.out) if args.out else _default_out_dir(spec, args)
+        spec = scale_options.with_sequential(_narrowed(load_spec(args.spec, extra_base=_with_import_flags(args)),
+                                                       args), args)
+        out_dir = Path(args.out) if args.out else scale_options.out_dir_suffix(_default_out_dir(spec, args), args)
+        if args.plan:
+            return scale_options.print_seed_plan(spec, args, Console())
         runs = spec.plan(out_dir)
         steps = check_configs(spec, out_dir)
+        args.jobs = scale_options.resolve_jobs(args)        # device groups are checked here, before anything runs
         if args.dry_run:
             return _print_plan(runs, threads_per_run(args.jobs, args.threads))
         # One ablation per folder: a second one would relaunch the same runs, each clearing the other's.
@@ -81,24 +96,36 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_locked(args, spec, out_dir: Path, runs, steps, console) -> int:
     from literl.arena import ablation
-    from literl.arena.runner import run_ablation, threads_per_run
+    from literl.arena.runner import threads_per_run
     from literl.arena.summary import print_summary
     from literl.config.errors import ConfigError
     from rich.console import Console
     from rich.markup import escape
 
     try:
-        ablation.record_plan(out_dir, spec, runs)
+        if spec.sequential is None:      # a sequential spec records each wave's plan as it starts it
+            ablation.record_plan(out_dir, spec, runs)
     except ConfigError as err:
         print(f"literl ablate: {err}", file=sys.stderr)
         return 2
     console.print(f"\\[arena] {spec.name}: {_count(spec.variants, 'variant')} × {_count(spec.scenarios, 'scenario')}"
                   f" × {_count(spec.seeds, 'seed')} = {_count(runs, 'run')} into {escape(str(out_dir))}, {args.jobs} "
                   f"at a time with {_count(threads_per_run(args.jobs, args.threads), 'thread')} each", highlight=False)
-    outcome = run_ablation(runs, {r.directory: steps[(r.variant, r.scenario)] for r in runs}, jobs=args.jobs,
-                           threads=args.threads, console=console)
+    from literl.commands import ablate_options as scale_options
+
+    dispatch = scale_options.dispatcher(args, {r.directory: steps[(r.variant, r.scenario)] for r in runs}, console)
+    try:
+        outcome = dispatch(runs) if spec.sequential is None else scale_options.run_waves(spec, out_dir, dispatch,
+                                                                                        console)
+    except ConfigError as err:        # a cluster that cannot take the runs (unreachable, too small, blind nodes)
+        print(f"literl ablate: {err}", file=sys.stderr)
+        return 2
     summary = ablation.summarize_ablation(out_dir, report=not args.no_report)
     print_summary(summary, Console())
+    if "sequential" in summary:
+        from literl.arena.summary import print_sequential
+
+        print_sequential(summary["sequential"], Console())
     console.print(f"\\[arena] summary: {escape(str(out_dir / ablation.SUMMARY_FILE))}"
                   + ("" if args.no_report else f"; report: {escape(str(out_dir / ablation.REPORT_FILE))}"),
                   highlight=False)

@@ -14,7 +14,7 @@ from literl.arena.spec import MAX_SEEDS, parse_seed_list, parse_spec
 from literl.cli import main
 from literl.config.load import load_config
 from literl.config.rules import MAX_SEED
-from literl.algorithm.registry import ConfigError
+from literl.config.errors import ConfigError
 from literl.rollout.collector import PromptStream
 
 MINIMAL = {"preset": "lite_ppo", "baseline": "a", "seeds": 2,

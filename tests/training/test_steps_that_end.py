@@ -16,7 +16,7 @@ import pytest
 
 from literl.cli import main
 from literl.config.load import load_config
-from literl.algorithm.registry import ConfigError
+from literl.config.errors import ConfigError
 from literl.rewards import time_bounded
 from literl.rollout import collector as collector_module
 from literl.assembly.api import train
