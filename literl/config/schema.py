@@ -316,7 +316,8 @@ class TrainerConfig:
                                      "(physical cores, or OMP_NUM_THREADS)")
     recompute_old_logp: str = knob("auto", "auto: reuse the update's own detached log-probs as old_logp when "
                                            "that is exact (one on-policy mini-batch, no IS correction); "
-                                           "always: run the recompute pass every step")
+                                           "always: run the recompute pass every step (bypass_mode never runs "
+                                           "it: old_logp is the rollout's)")
     device: str = knob("auto", "auto | cpu | cuda")
     compile: bool = knob(False, "torch.compile the training forward's decoder layers (Llama/Qwen-style models; "
                                 "tens of seconds once; CPU: less update time on the speed benchmark; CUDA's "
