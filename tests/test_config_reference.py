@@ -20,14 +20,19 @@ def test_the_committed_config_reference_equals_a_fresh_rendering():
 
 
 def test_every_key_explain_prints_is_a_row_of_the_page_with_the_same_help():
-    """--explain prints `  trainer.steps = 100    # help`; the page must hold the row | `trainer.steps` | ... | help |,
-    so the two cannot list different keys or different help (a rendering that dropped a key fails here)."""
+    """--explain prints `  trainer.steps = 100    # help  [valid: >= 0]`; the page must hold the row
+    | `trainer.steps` | ... | `>= 0` | help |, so the two cannot list different keys, help or valid values (a
+    rendering that dropped a key fails here)."""
     page = markdown()
-    leaves = re.findall(r"^  ([a-z_.0-9]+) = .*?    # (.*)$", explain(), re.M)
+    leaves = re.findall(r"^  ([a-z_.0-9]+) = .*?    # (.*?)(?:  \[valid: (.*)\])?$", explain(), re.M)
     assert len(leaves) > 100, "the --explain scan found almost no keys: has its line format changed?"
-    for key, help_text in leaves:
+    assert sum(bool(valid) for _, _, valid in leaves) > 50, "almost no key shows its valid values"
+    for key, help_text, valid in leaves:
         assert f"| `{key}` |" in page, f"{key} is in --explain but not on {PAGE}"
-        assert f"| {_cell(help_text)} |" in page, f"{key}: its help on {PAGE} differs from --explain's"
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{key}` |"))
+        assert row.endswith(f"| {_cell(help_text)} |"), f"{key}: its help on {PAGE} differs from --explain's"
+        shown = f"`{_cell(valid)}`" if valid else ""
+        assert row.endswith(f"| {shown} | {_cell(help_text)} |"), f"{key}: its valid values differ from --explain's"
 
 
 def test_every_trick_explain_lists_has_a_row_under_its_axis():

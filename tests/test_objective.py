@@ -149,6 +149,14 @@ def test_old_logp_pass_is_skipped_only_when_exact():
         load_config(preset="reinforce_pp")).needs_old_logp_pass(1)
 
 
+def test_recompute_old_logp_always_asks_for_the_pass_the_objective_could_skip():
+    """One on-policy optimizer step with no IS correction: auto skips the pass (old_logp = sg(logp) is exact), always
+    asks for it; bypass mode never runs it (old_logp is the rollout's by definition), not even with always."""
+    assert not _objective("trainer.recompute_old_logp=auto").needs_old_logp_pass(1)
+    assert _objective("trainer.recompute_old_logp=always").needs_old_logp_pass(1)
+    assert not _objective("trainer.recompute_old_logp=always", "algorithm.bypass_mode=true").needs_old_logp_pass(1)
+
+
 def test_bypass_mode_uses_rollout_logp_as_old():
     obj = _objective("algorithm.bypass_mode=true")
     batch = _batch()

@@ -59,7 +59,7 @@ class Objective:
                  loss_masks: list[Callable], reward_shaping: list[Callable], group_filter: Callable,
                  bypass_mode: bool, local_normaliser: bool = False, routing_replay: str = "none",
                  router_aux_coef: float = 0.0, policy_masks: dict[str, Callable] | None = None,
-                 max_staleness: int = 0):
+                 max_staleness: int = 0, always_recompute_old_logp: bool = False):
         self.advantage, self.policy_loss, self.aggregation = advantage, policy_loss, aggregation
         self.is_correction, self.kl, self.group_filter = is_correction, kl, group_filter
         self.kl_coef, self.kl_in_reward, self.entropy_coef = kl_coef, kl_in_reward, entropy_coef
@@ -69,6 +69,9 @@ class Objective:
         self.policy_masks = dict(policy_masks or {})
         self.draws_at_random = any("generator" in _inputs(fn) for fn in (policy_loss, *self.policy_masks.values()))
         self.max_staleness = max_staleness     # asynchronous runs: the ti/st statistics per staleness 0..k
+        # trainer.recompute_old_logp=always: run the old-log-prob pass even where it could be read off the update
+        # (to time the pass, or to compare both routes); auto skips it where that is exact.
+        self.always_recompute_old_logp = always_recompute_old_logp
 
     @classmethod
     def from_config(cls, cfg) -> "Objective":
@@ -101,6 +104,7 @@ class Objective:
             kl_coef=a.kl_coef, kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef, bypass_mode=a.bypass_mode,
             local_normaliser=a.aggregation_normaliser == "local", routing_replay=a.routing_replay,
             router_aux_coef=a.router_aux_loss_coef, max_staleness=cfg.rollout.max_staleness,
+            always_recompute_old_logp=cfg.trainer.recompute_old_logp == "always",
         )
         objective.self_check()
         return objective
@@ -117,13 +121,14 @@ class Objective:
         It need not when it can be read off the update itself: with one on-policy optimizer step, θ = θ_old in
         the only forward, so old_logp = sg(logp) exactly — unless something in `prepare` (an IS correction,
         a KL reward penalty) needs it first, or R2 Routing Replay needs the experts that pass chooses (algorithms.md
-        §6). Bypass mode never recomputes: old_logp := rollout_logp.
+        §6). `trainer.recompute_old_logp=always` asks for the pass every step. Bypass mode never recomputes, not
+        even then: old_logp := rollout_logp by its definition, so a pass would be discarded.
         """
         if self.bypass_mode:
             return False
         identity_correction = getattr(self.is_correction, "is_identity", False)
-        return (optimizer_steps > 1 or not identity_correction or (self.kl_in_reward and self.kl_coef > 0)
-                or self.routing_replay == "r2")
+        return (self.always_recompute_old_logp or optimizer_steps > 1 or not identity_correction
+                or (self.kl_in_reward and self.kl_coef > 0) or self.routing_replay == "r2")
 
     def shape_rewards(self, scores_B: torch.Tensor, lengths_B: torch.Tensor, truncated_B: torch.Tensor):
         rewards_B = scores_B.float()

@@ -366,98 +366,138 @@ def _mean_table(records, variants, scenarios, panels: Sequence[Panel]) -> str:
     return _table(["variant", "scenario", "runs", *(f"<code>{_e(p.key)}</code>" for p in logged)], rows)
 
 
-def _diagnostics_section(records, variants, scenarios, styles, figures: Figures,
-                         lead: Sequence[str] = ()) -> str:
-    """The mechanism diagnostics, one section each (MECHANISM_SECTIONS); the ones a spec names as the mechanism of
-    its finding (`mechanism:`) come first, under their own heading, so the panel that explains the result is the
-    first diagnostic a reader meets after the learning curves."""
-    tiers = [Panel(k, f"reward std, {k.rsplit('/', 1)[-1]}", "std of reward")
-             for k in sorted(plots.keys_with_prefix(records, "groups/reward_std/"), key=plots.natural_key)]
-    drift = [Panel(k, f"routes agree, mini-batch {k.rsplit('mb', 1)[-1]}", AGREEMENT)
-             for k in sorted(plots.keys_with_prefix(records, "moe/route_agree_st_mb"), key=plots.natural_key)]
-    drift += [Panel(k, f"KL staleness, mini-batch {k.rsplit('mb', 1)[-1]}", NATS)
-              for k in sorted(plots.keys_with_prefix(records, "st/ppo_kl_mb"), key=plots.natural_key)]
+class _DiagnosticsInput:
+    """What every mechanism-diagnostics section reads: the runs, their variants and scenarios, and the figures
+    the page collects (each section's figure is drawn when the section is built, in page order)."""
 
-    def figure(name, panels, what):
-        return figures.html(name, plots.curves_figure(records, panels, variants, scenarios, styles), what)
+    def __init__(self, records, variants, scenarios, styles, figures: Figures):
+        self.records, self.variants, self.scenarios = records, variants, scenarios
+        self.styles, self.figures = styles, figures
 
-    sections = {
-        "clipped_tokens": lambda: "".join([
-            "<h3>Clipped tokens</h3><p class='note'>The token strings that most often hit a binding clip bound "
+    def figure(self, name, panels, what) -> str:
+        return self.figures.html(name, plots.curves_figure(self.records, panels, self.variants, self.scenarios,
+                                                           self.styles), what)
+
+    def table(self, panels) -> str:
+        return _mean_table(self.records, self.variants, self.scenarios, panels)
+
+
+def _clipped_tokens_section(d: _DiagnosticsInput) -> str:
+    return ("<h3>Clipped tokens</h3><p class='note'>The token strings that most often hit a binding clip bound "
             "(low: A&lt;0 and ρ&lt;1−ε_low; high: A&gt;0 and ρ&gt;1+ε_high), summed over seeds (top 20 per run, "
             "from diagnostics.json). The LitePPO paper found discourse connectives clipped at ε_high = 0.2 and "
-            "function tokens at 0.28 (algorithms.md §8.2.4).</p>",
-            _clipped_tokens_html(records, variants, scenarios)]),
-        "lengths": lambda: "".join([
-            "<h3>Response lengths</h3><p class='note'>How far apart response lengths are within a step (10th and "
+            "function tokens at 0.28 (algorithms.md §8.2.4).</p>"
+            + _clipped_tokens_html(d.records, d.variants, d.scenarios))
+
+
+def _lengths_section(d: _DiagnosticsInput) -> str:
+    return ("<h3>Response lengths</h3><p class='note'>How far apart response lengths are within a step (10th and "
             "90th percentiles, std / mean) and how long correct and wrong responses are. Sequence-level "
             "aggregation weighs each token of response i by 1/L_i, token-level by 1/Σ L: they differ only when "
             "lengths differ (LitePPO Takeaway 7, algorithms.md §3); a length budget below the long correct "
             "solutions truncates them (Takeaway 8); overlong filtering changes the update only for a cut response "
             "whose group holds a correct one (elsewhere its advantage is 0 either way; logged at steps that cut "
-            "something). The table averages each run's steps, then the seeds.</p>",
-            _mean_table(records, variants, scenarios, LENGTH_PANELS),
-            figure("lengths", LENGTH_PANELS, "response_length/*, truncation")]),
-        "repetition": lambda: "".join([
-            "<h3>Repetition of truncated responses</h3><p class='note'>Fraction of truncated responses whose tail "
+            "something). The table averages each run's steps, then the seeds.</p>"
+            + d.table(LENGTH_PANELS) + d.figure("lengths", LENGTH_PANELS, "response_length/*, truncation"))
+
+
+def _repetition_section(d: _DiagnosticsInput) -> str:
+    return ("<h3>Repetition of truncated responses</h3><p class='note'>Fraction of truncated responses whose tail "
             "is a repetition loop (a periodic suffix covering ≥ 20% of the response), per step; the table weights "
             "each step by its truncation rate. The paper: wrong responses repeat far more than correct ones, and "
-            "overlong filtering lowers the repeat ratio (§8.2.6–7).</p>",
-            _repetition_table(records, variants, scenarios), figure("repetition", REPETITION_PANELS, "repetition/*")]),
-        "reward_std_by_tier": lambda: "".join([
-            "<h3>Reward std within groups, by difficulty tier</h3><p class='note'>On easy data the within-group "
+            "overlong filtering lowers the repeat ratio (§8.2.6–7).</p>"
+            + _repetition_table(d.records, d.variants, d.scenarios)
+            + d.figure("repetition", REPETITION_PANELS, "repetition/*"))
+
+
+def _reward_std_by_tier_section(d: _DiagnosticsInput) -> str:
+    tiers = [Panel(k, f"reward std, {k.rsplit('/', 1)[-1]}", "std of reward")
+             for k in sorted(plots.keys_with_prefix(d.records, "groups/reward_std/"), key=plots.natural_key)]
+    return ("<h3>Reward std within groups, by difficulty tier</h3><p class='note'>On easy data the within-group "
             "std falls fast, so dividing advantages by it amplifies small differences (§8.2.2). A group of equal "
             "rewards (std 0) has advantage 0 unless a batch mean centres it; a small nonzero std (under 0.1: graded, "
             "since binary ones at G = 8 give 0 or ≥ 0.33) is what a std normalisation amplifies more than 10×; "
-            "dynamic sampling drops some groups (§4.3: by correctness or by reward). Steps, then seeds, averaged.</p>",
-            _mean_table(records, variants, scenarios, GROUP_STD_PANELS),
-            figure("group_std", GROUP_STD_PANELS, "groups/*_std_*, advantage/equal_reward_abs, collect/kept_*"),
-            figure("reward_std_by_tier", tiers, "groups/reward_std/<tier>")]),
-        "is_decomposition": lambda: "".join([
-            "<h3>Importance-weight decomposition</h3><p class='note'>π_θ/μ = [π_old/μ] (training–inference, "
+            "dynamic sampling drops some groups (§4.3: by correctness or by reward). Steps, then seeds, averaged.</p>"
+            + d.table(GROUP_STD_PANELS)
+            + d.figure("group_std", GROUP_STD_PANELS, "groups/*_std_*, advantage/equal_reward_abs, collect/kept_*")
+            + d.figure("reward_std_by_tier", tiers, "groups/reward_std/<tier>"))
+
+
+def _is_decomposition_section(d: _DiagnosticsInput) -> str:
+    return ("<h3>Importance-weight decomposition</h3><p class='note'>π_θ/μ = [π_old/μ] (training–inference, "
             "<code>ti/*</code>) × [π_θ/π_old] (staleness, <code>st/*</code>); <code>share/*</code> says which "
-            "factor carries the total |log w| (algorithms.md §7).</p>",
-            figure("is_decomposition", IS_PANELS, "ti/*, st/*, share/*")]),
-        "mismatch_routing": lambda: "".join([
-            "<h3>Training–inference mismatch and Routing Replay</h3><p class='note'>The gap between the engine "
+            "factor carries the total |log w| (algorithms.md §7).</p>"
+            + d.figure("is_decomposition", IS_PANELS, "ti/*, st/*, share/*"))
+
+
+def _mismatch_routing_section(d: _DiagnosticsInput) -> str:
+    return ("<h3>Training–inference mismatch and Routing Replay</h3><p class='note'>The gap between the engine "
             "that sampled (μ) and the trainer at θ_old (<code>ti/*</code>: KL(μ‖π_old) as the MiniRL paper plots "
             "it, the worst token's log-ratio, the effective sample size of the token weights), and on MoE models "
             "the share of (token, layer) pairs whose top-k experts agree between the engine and the trainer "
             "(<code>moe/route_agree_ti</code>) and between θ_old and θ in the update "
             "(<code>moe/route_agree_st</code>); Routing Replay (R2/R3) makes the replayed side agree by "
-            "construction (algorithms.md §6–7). The table averages each run's steps, then the seeds.</p>",
-            _mean_table(records, variants, scenarios, MISMATCH_PANELS),
-            figure("mismatch_routing", MISMATCH_PANELS, "ti/kl_k1, ti/abs_logdiff_max, ti/ess, moe/route_agree_*")]),
-        "is_tails": lambda: "".join([
-            "<h3>Tails of the training–inference IS weights</h3><p class='note'>The worst token's log-ratio, the "
+            "construction (algorithms.md §6–7). The table averages each run's steps, then the seeds.</p>"
+            + d.table(MISMATCH_PANELS)
+            + d.figure("mismatch_routing", MISMATCH_PANELS, "ti/kl_k1, ti/abs_logdiff_max, ti/ess, moe/route_agree_*"))
+
+
+def _is_tails_section(d: _DiagnosticsInput) -> str:
+    return ("<h3>Tails of the training–inference IS weights</h3><p class='note'>The worst token's log-ratio, the "
             "χ² divergence (the variance of the weights per token and per sequence), the largest weight the loss "
             "used and the share it truncated: the tokens an uncorrected gradient takes at full weight (MiniRL "
-            "§5.1). The table averages each run's steps, then the seeds.</p>",
-            _mean_table(records, variants, scenarios, IS_TAIL_PANELS),
-            figure("is_tails", IS_TAIL_PANELS, "ti/chi2_*, policy_loss/is_weight_max, policy_loss/is_truncated_frac")]),
-        "route_drift": lambda: "".join([
-            "<h3>Route drift by mini-batch</h3><p class='note'>Share of (token, layer) pairs whose top-k experts "
+            "§5.1). The table averages each run's steps, then the seeds.</p>"
+            + d.table(IS_TAIL_PANELS)
+            + d.figure("is_tails", IS_TAIL_PANELS,
+                       "ti/chi2_*, policy_loss/is_weight_max, policy_loss/is_truncated_frac"))
+
+
+def _route_drift_section(d: _DiagnosticsInput) -> str:
+    drift = [Panel(k, f"routes agree, mini-batch {k.rsplit('mb', 1)[-1]}", AGREEMENT)
+             for k in sorted(plots.keys_with_prefix(d.records, "moe/route_agree_st_mb"), key=plots.natural_key)]
+    drift += [Panel(k, f"KL staleness, mini-batch {k.rsplit('mb', 1)[-1]}", NATS)
+              for k in sorted(plots.keys_with_prefix(d.records, "st/ppo_kl_mb"), key=plots.natural_key)]
+    return ("<h3>Route drift by mini-batch</h3><p class='note'>Share of (token, layer) pairs whose top-k experts "
             "under θ are those of θ_old, and the staleness KL, for each mini-batch of a step (mini-batch k follows "
             "k optimizer steps on the batch): off-policy updates move routes further with every mini-batch, which "
             "is what Routing Replay fixes (MiniRL §5.2; algorithms.md §6). The table averages each run's steps, "
-            "then the seeds.</p>",
-            _mean_table(records, variants, scenarios, drift),
-            figure("route_drift", drift, "moe/route_agree_st_mb*, st/ppo_kl_mb*")]),
-        "entropy": lambda: "".join([
-            "<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant "
-            "to slow its collapse (§8.2.3).</p>",
-            figure("entropy", ENTROPY_PANELS, "entropy/*")]),
-        "selection": lambda: _selection_html(records, variants, scenarios, figure),
-    }
-    assert tuple(sections) == MECHANISM_SECTIONS
-    lead = [name for name in lead if name in sections]
+            "then the seeds.</p>"
+            + d.table(drift) + d.figure("route_drift", drift, "moe/route_agree_st_mb*, st/ppo_kl_mb*"))
+
+
+def _entropy_section(d: _DiagnosticsInput) -> str:
+    return ("<h3>Entropy</h3><p class='note'>Token entropy of π_θ on the sampled responses; clip-higher is meant "
+            "to slow its collapse (§8.2.3).</p>" + d.figure("entropy", ENTROPY_PANELS, "entropy/*"))
+
+
+def _selection_section(d: _DiagnosticsInput) -> str:
+    return _selection_html(d.records, d.variants, d.scenarios, d.figure)
+
+
+# One builder per name of MECHANISM_SECTIONS, in its order.
+DIAGNOSTICS_SECTIONS = {
+    "clipped_tokens": _clipped_tokens_section, "lengths": _lengths_section, "repetition": _repetition_section,
+    "reward_std_by_tier": _reward_std_by_tier_section, "is_decomposition": _is_decomposition_section,
+    "mismatch_routing": _mismatch_routing_section, "is_tails": _is_tails_section,
+    "route_drift": _route_drift_section, "entropy": _entropy_section, "selection": _selection_section,
+}
+assert tuple(DIAGNOSTICS_SECTIONS) == MECHANISM_SECTIONS
+
+
+def _diagnostics_section(records, variants, scenarios, styles, figures: Figures,
+                         lead: Sequence[str] = ()) -> str:
+    """The mechanism diagnostics, one section each (MECHANISM_SECTIONS); the ones a spec names as the mechanism of
+    its finding (`mechanism:`) come first, under their own heading, so the panel that explains the result is the
+    first diagnostic a reader meets after the learning curves."""
+    d = _DiagnosticsInput(records, variants, scenarios, styles, figures)
+    lead = [name for name in lead if name in DIAGNOSTICS_SECTIONS]
     parts = []
     if lead:
         parts.append("<h2>The mechanism of this finding</h2><p class='note'>The diagnostics the spec names as the "
                      "mechanism behind its claim (<code>mechanism:</code>); the others follow below.</p>")
-        parts += [sections[name]() for name in lead]
+        parts += [DIAGNOSTICS_SECTIONS[name](d) for name in lead]
     parts.append("<h2>Other mechanism diagnostics</h2>" if lead else "<h2>Mechanism diagnostics</h2>")
-    parts += [build() for name, build in sections.items() if name not in lead]
+    parts += [build(d) for name, build in DIAGNOSTICS_SECTIONS.items() if name not in lead]
     return "".join(parts)
 
 

@@ -312,7 +312,7 @@ def _check_seed_count(count: int, what: str) -> None:
 
 
 def _check_seed_values(seeds: list[int], what: str) -> None:
-    from literl.config.rules import MAX_SEED
+    from literl.config.schema import MAX_SEED
 
     bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
     if bad:

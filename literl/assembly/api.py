@@ -3,7 +3,7 @@
     import literl
     cfg = literl.load_config(preset="dr_grpo", overrides=["trainer.steps=50", "rollout.max_new_tokens=512"])
     run_dir = literl.train(cfg, model="path/to/hf-model", problems="train.jsonl",
-                           reward_fns=[literl.math_reward_fn, (my_format_bonus, 0.1)])
+                           reward_fns=["literl.rewards.math_answer:math_accuracy", (my_format_bonus, 0.1)])
 """
 
 from __future__ import annotations

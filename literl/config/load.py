@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from yaml import YAMLError
 
-from literl.config.schema import ENGINE_CHOICE_ON_GPU, Config, TrickSpec
+from literl.config.schema import ENGINE_CHOICE_ON_GPU, Config, TrickSpec, valid_values
 from literl.config.rules import MULTI_TRICKS, SINGLE_TRICKS, validate
 from literl.config.profiles import HF_MODEL_LR, TESTBED_LR  # noqa: F401 - re-exported (tests, older imports)
 from literl.config.errors import ConfigError
@@ -466,7 +466,9 @@ def explain() -> str:
                 lines.append(f"{key}:  # {f.metadata.get('help', '')}")
                 walk(value, key + ".")
                 continue
-            lines.append(f"  {key} = {_show(value)}    # {f.metadata.get('help', '')}")
+            valid = valid_values(f.metadata)
+            lines.append(f"  {key} = {_show(value)}    # {f.metadata.get('help', '')}"
+                         + (f"  [valid: {valid}]" if valid else ""))
 
     walk(Config(), "")
     lines += ["", *LAYERS_NOTE]

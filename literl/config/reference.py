@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from literl.config import ENGINE_CHOICE_ON_GPU, Config, TrickSpec
+from literl.config.schema import ENGINE_CHOICE_ON_GPU, Config, TrickSpec, valid_values
 
 PAGE = "docs/config-reference.md"
 HEADER = ("# Config reference",
@@ -32,12 +32,13 @@ def _default(value) -> str:
     return f"`{_cell(_show(value))}`" if _show(value) != "" else ""
 
 
-def _sections(cfg: Config) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
-    """(section key, its help, [(key, default, help)]) in --explain's order; nested sections follow their parent."""
-    out: list[tuple[str, str, list[tuple[str, str, str]]]] = []
+def _sections(cfg: Config) -> list[tuple[str, str, list[tuple[str, str, str, str]]]]:
+    """(section key, its help, [(key, default, valid values, help)]) in --explain's order; nested sections follow
+    their parent."""
+    out: list[tuple[str, str, list[tuple[str, str, str, str]]]] = []
 
     def walk(obj, prefix: str, title: str, help_text: str):
-        rows: list[tuple[str, str, str]] = []
+        rows: list[tuple[str, str, str, str]] = []
         out.append((title, help_text, rows))
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
@@ -45,7 +46,8 @@ def _sections(cfg: Config) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
             if dataclasses.is_dataclass(value) and not isinstance(value, TrickSpec):
                 walk(value, key + ".", key, f.metadata.get("help", ""))
                 continue
-            rows.append((key, _default(value), f.metadata.get("help", "")))
+            valid = valid_values(f.metadata)
+            rows.append((key, _default(value), f"`{_cell(valid)}`" if valid else "", f.metadata.get("help", "")))
 
     walk(cfg, "", "", "")
     return [section for section in out if section[2]]
@@ -61,8 +63,8 @@ def markdown() -> str:
         lines += ["", f"## `{title}`" if title else "## Top-level keys", ""]
         if help_text:
             lines += [_cell(help_text), ""]
-        lines += ["| key | default | what it sets |", "|---|---|---|"]
-        lines += [f"| `{key}` | {default} | {_cell(help)} |" for key, default, help in rows]
+        lines += ["| key | default | valid values | what it sets |", "|---|---|---|---|"]
+        lines += [f"| `{key}` | {default} | {valid} | {_cell(help)} |" for key, default, valid, help in rows]
     lines += ["", "## How the layers merge", "", "```", *(line.strip() for line in LAYERS_NOTE), "```"]
     lines += ["", "## Choosing the rollout engine on a GPU", "", "```", *ENGINE_CHOICE_ON_GPU, "```"]
     lines += ["", "## Tricks", "",

@@ -85,12 +85,13 @@ def check_rank(model: torch.nn.Module, rank: int, targets: list[str]) -> None:
                         "parameters", LoraRankWarning, stacklevel=3)
 
 
-def apply_lora(model: torch.nn.Module, spec) -> torch.nn.Module:
-    """The policy with LoRA adapters of `spec` (rank, alpha, target_modules, dropout); base weights frozen."""
+def apply_lora(model: torch.nn.Module, lora) -> torch.nn.Module:
+    """The policy with LoRA adapters as `lora` (the config's model.lora: rank, alpha, target_modules, dropout)
+    says; base weights frozen."""
     peft = _peft()
-    targets = list(spec.target_modules)
-    check_rank(model, spec.rank, targets)
-    config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, bias="none",
+    targets = list(lora.target_modules)
+    check_rank(model, lora.rank, targets)
+    config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                              target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else targets,
                              task_type="CAUSAL_LM")
     try:

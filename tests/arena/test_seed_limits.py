@@ -13,7 +13,7 @@ import yaml
 from literl.arena.spec import MAX_SEEDS, parse_seed_list, parse_spec
 from literl.cli import main
 from literl.config.load import load_config
-from literl.config.rules import MAX_SEED
+from literl.config.schema import MAX_SEED
 from literl.config.errors import ConfigError
 from literl.rollout.collector import PromptStream
 
@@ -23,14 +23,14 @@ MINIMAL = {"preset": "lite_ppo", "baseline": "a", "seeds": 2,
 
 @pytest.mark.parametrize("seed", [99999999999999999999, 2**32, -1])
 def test_a_seed_outside_32_bits_is_refused_at_load_with_the_range(seed):
-    with pytest.raises(ConfigError, match=rf"seed={seed} must be an integer from 0 to 4294967295"):
+    with pytest.raises(ConfigError, match=rf"seed={seed} must be in \[0, 4294967295\]"):
         load_config(overrides=[f"seed={seed}"])
 
 
 def test_literl_config_refuses_the_seed_in_one_line(capsys):
     assert main(["config", "seed=99999999999999999999"]) == 2
     err = capsys.readouterr().err
-    assert "must be an integer from 0 to 4294967295" in err and "Traceback" not in err
+    assert "seed=99999999999999999999 must be in [0, 4294967295]" in err and "Traceback" not in err
 
 
 def test_the_largest_seed_orders_the_data_without_overflow():

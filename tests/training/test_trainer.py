@@ -132,6 +132,28 @@ def test_fp32_rollout_agrees_with_the_trainer(tiny_qwen3_dir, tmp_path):
     assert all(r["ti/abs_logdiff_max"] < 1e-4 for r in read_metrics(run_dir))
 
 
+def test_recompute_old_logp_always_runs_the_pass_that_auto_reads_off_the_update(tiny_qwen3_dir, tmp_path):
+    """lite_ppo takes one on-policy optimizer step per rollout batch with no IS correction: θ = θ_old in its only
+    forward, so auto reads old_logp = sg(logp) off the update and times no old-log-prob pass; always runs the pass
+    every step (a "time/old_logp" in each record). The pass computes the same log-probs the update's forward does,
+    so both runs take the same steps: equal samples, losses within float rounding, weights within 1e-4."""
+    runs = {}
+    for mode in ("auto", "always"):
+        cfg = load_config(preset="lite_ppo", overrides=_overrides(tiny_qwen3_dir, tmp_path / mode, "eval.every=0",
+                                                                  "eval.before=false",
+                                                                  f"trainer.recompute_old_logp={mode}"))
+        runs[mode] = train(cfg, reward_fns=[length_reward])
+    auto, always = (read_metrics(runs[k]) for k in ("auto", "always"))
+    assert len(auto) == len(always) == 2
+    assert not any("time/old_logp" in r for r in auto)
+    assert all("time/old_logp" in r for r in always)
+    for a, b in zip(auto, always):
+        assert a["response_length/mean"] == b["response_length/mean"] and a["reward/mean"] == b["reward/mean"]
+        assert a["loss/total"] == pytest.approx(b["loss/total"], rel=1e-4, abs=1e-6)
+    a, b = _params(runs["auto"]), _params(runs["always"])
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
+
+
 def test_hostile_responses_score_zero_and_training_continues(tiny_qwen3_dir, tmp_path, monkeypatch):
     """100 KB of digits, deep braces and a huge exponent as responses: scored 0, the step completes."""
     import literl.assembly.builder as components

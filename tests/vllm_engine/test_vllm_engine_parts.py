@@ -101,7 +101,7 @@ def test_engine_keys_load_check_and_explain():
                                  "rollout.vllm.extra={max_num_seqs: 64}"])
     assert cfg.rollout.engine == "vllm" and cfg.rollout.vllm.kv_cache_gib == 0.5
     assert cfg.rollout.vllm.extra == {"max_num_seqs": 64}
-    with pytest.raises(ConfigError, match="rollout.engine='sglang' is not one of: hf, vllm"):
+    with pytest.raises(ConfigError, match="rollout.engine='sglang' is not one of: native, vllm"):
         load_config(overrides=["rollout.engine=sglang"])
     with pytest.raises(ConfigError, match="weight_sync='nccl' is not one of: auto, file, ipc"):
         load_config(overrides=["rollout.vllm.weight_sync=nccl"])

@@ -16,12 +16,17 @@ Axis contracts (shape suffixes as in `literl.algorithm.batch`):
     reward_shaping  (rewards_B, lengths_B, truncated_B, *, ...) -> rewards_B
     group_filters   (correct_B, rewards_B, group_B, *, ...) -> keep_B
 
+How a trick goes with the other axes and the rest of the config (GSPO is defined with seq_mean_token_mean
+aggregation, MiniRL brings its own IS correction) is declared at its registration too (`compatibility=`,
+`literl.algorithm.registry`): a new trick is its own file and its test, and `literl.config.rules.validate` walks the
+declarations.
+
 A trick that needs more of the step than its positional tensors declares keyword `inputs` at registration
 (`literl.algorithm.registry`), which the objective supplies at each call: `entropy_BT` (the current policy's entropy,
 detached), `generator` (a torch.Generator seeded from the run, for a random selection).
 """
 
-from literl.algorithm.registry import Registry
+from literl.algorithm.registry import Registry, link_axes
 
 ADVANTAGES = Registry("advantage")
 POLICY_LOSSES = Registry("policy_loss")
@@ -57,3 +62,5 @@ ALL = {
     "reward_shaping": REWARD_SHAPING,
     "group_filter": GROUP_FILTERS,
 }
+# The compatibility declarations name tricks of other axes: checked now that every axis is filled.
+link_axes(ALL)

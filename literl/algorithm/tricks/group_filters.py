@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 
 from literl.algorithm import ops
+from literl.algorithm.registry import WithTrick
 from literl.algorithm.tricks import GROUP_FILTERS
 
 
-@GROUP_FILTERS.register
+@GROUP_FILTERS.register(identity=True)
 def keep_all(correct_B, rewards_B, group_B):
     """No filtering.
 
@@ -49,7 +50,18 @@ def nonzero_reward_std(correct_B, rewards_B, group_B, *, metric="correct", min_s
     return (std_B > min_std) | (size_B == 1)
 
 
-@GROUP_FILTERS.register(ranges={"low": "< high"})
+def _band_off_the_reward_scale(band, scale) -> str | None:
+    """ROLL's mean filter band (0, 1) is for a {0, 1} reward; the filter sees the reward after `rescale`."""
+    low, high = scale["low"], scale["high"]
+    if band["metric"] == "reward" and (band["low"], band["high"]) == (0.0, 1.0) and (low, high) != (0.0, 1.0):
+        return (f"mean_in_band's band (0, 1) is ROLL's for a {{0, 1}} reward, but reward_shaping.rescale maps the "
+                f"reward onto {{{low}, {high}}} before the filter: set algorithm.group_filter.params.low={low} and "
+                f"high={high} for the same rule (algorithms.md §4.3)")
+    return None
+
+
+@GROUP_FILTERS.register(ranges={"low": "< high"},
+                        compatibility=[WithTrick("reward_shaping", "rescale", _band_off_the_reward_scale)])
 def mean_in_band(correct_B, rewards_B, group_B, *, low=0.0, high=1.0, metric="reward"):
     """ROLL's mean filter: keep a group whose mean value lies strictly inside (low, high).
 

@@ -62,7 +62,8 @@ def _mis(ratio_BT, mask_BT, low, high, reject):
     return _finish(w_BT, keep_BT, mask_BT, "masked_frac", outside_BT & mask_BT)
 
 
-@IS_CORRECTIONS.register
+# identity: the objective may then skip the old-logp recompute on a single on-policy update (old = sg(logp) exactly).
+@IS_CORRECTIONS.register(identity=True)
 def none(old_logp_BT, rollout_logp_BT, mask_BT):
     """No correction: the loss trusts π_old as the sampler.
 
@@ -73,9 +74,6 @@ def none(old_logp_BT, rollout_logp_BT, mask_BT):
     ones_BT = torch.ones_like(old_logp_BT, dtype=torch.float32)
     return _finish(ones_BT, mask_BT, mask_BT, "truncated_frac", torch.zeros_like(mask_BT))
 
-
-# The objective may then skip the old-logp recompute on a single on-policy update (old = sg(logp) exactly).
-none.is_identity = True
 
 
 @IS_CORRECTIONS.register(ranges={"cap": "> 0"})

@@ -24,7 +24,16 @@ import math
 import torch
 
 from literl.algorithm import ops
+from literl.algorithm.registry import Expects, UnderSettings
 from literl.algorithm.tricks import POLICY_LOSSES
+
+# How some losses go with the other axes (checked when a config loads: literl.algorithm.registry).
+SEQUENCE_LEVEL = Expects("aggregation", ("seq_mean_token_mean",),
+                         "{name} is defined with seq_mean_token_mean aggregation (algorithms.md §2.5); {other} weights "
+                         "each sequence by its length")
+TOKEN_LEVEL = Expects("aggregation", ("token_mean",),
+                      "{name} is defined with token_mean aggregation (the paper's token-level loss, algorithms.md "
+                      "§10.5-10.6); {other} weighs tokens differently")
 
 
 def _log_ratio(logp_BT, old_logp_BT, clamp):
@@ -131,7 +140,8 @@ def _gspo_metrics(seq_ratio_B, logp_BT, old_logp_BT, adv_BT, mask_BT, eps_low, e
     return _ratio_metrics(ratio_BT, log_ratio_BT, adv_BT, mask_BT, 1.0 - eps_low, 1.0 + eps_high)
 
 
-@POLICY_LOSSES.register(ranges={"eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "log_ratio_clamp": "> 0"})
+@POLICY_LOSSES.register(ranges={"eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "log_ratio_clamp": "> 0"},
+                        compatibility=[SEQUENCE_LEVEL])
 def gspo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=3e-4, eps_high=4e-4,
          log_ratio_clamp=10.0):
     """GSPO: PPO clipping on the length-normalised sequence ratio.
@@ -152,7 +162,8 @@ def gspo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=3e-4
                                   log_ratio_clamp)
 
 
-@POLICY_LOSSES.register(ranges={"eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "log_ratio_clamp": "> 0"})
+@POLICY_LOSSES.register(ranges={"eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "log_ratio_clamp": "> 0"},
+                        compatibility=[SEQUENCE_LEVEL])
 def gspo_token(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=3e-4, eps_high=4e-4,
                log_ratio_clamp=10.0):
     """GSPO-token: the sequence ratio's value with a per-token gradient, allowing per-token advantages.
@@ -203,7 +214,11 @@ def cispo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, ub=5.0, lb=
 
 
 @POLICY_LOSSES.register(ranges={"eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "tis_cap": "> 0",
-                                 "log_ratio_clamp": "> 0"})
+                                 "log_ratio_clamp": "> 0"},
+                        compatibility=[Expects("is_correction", ("none",),
+                                               "algorithm.policy_loss=minirl already weights tokens by π_θ/μ_old "
+                                               "(with its own TIS); set algorithm.is_correction.name=none, or use "
+                                               "minirl's params (tis_cap, train_infer_is)", error=True)])
 def minirl(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=0.2, eps_high=0.27, tis_cap=5.0,
            tis_scope="full", train_infer_is=True, log_ratio_clamp=20.0):
     """MiniRL: PPO-masked REINFORCE with the full, truncated token IS weight π_θ/μ_old.
@@ -266,7 +281,11 @@ def _sequence_advantage(adv_BT, mask_BT):
     return ops.masked_mean(adv_BT, mask_BT, dim=-1)
 
 
-@POLICY_LOSSES.register(ranges={"eps_low": ">= 0", "eps_high": ">= 0", "log_ratio_clamp": "> 0"})
+@POLICY_LOSSES.register(ranges={"eps_low": ">= 0", "eps_high": ">= 0", "log_ratio_clamp": "> 0"},
+                        compatibility=[Expects("aggregation", ("seq_mean_token_mean",),
+                                               "gmpo puts its per-sequence loss on every token and is defined with "
+                                               "seq_mean_token_mean aggregation (algorithms.md §10.1); {other} "
+                                               "weights each sequence by its length")])
 def gmpo(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, eps_low=0.4, eps_high=0.4,
          log_ratio_clamp=None):
     """GMPO: maximise the geometric mean of the token ratios of each response, clipped in log space.
@@ -351,7 +370,7 @@ def _entropy_metrics(entropy_BT, selected_BT, mask_BT, what):
 
 @POLICY_LOSSES.register(ranges={"clip_cov_ratio": "> 0 and <= 1", "clip_cov_lb": "< clip_cov_ub",
                                  "eps_low": ">= 0 and <= 1", "eps_high": ">= 0", "log_ratio_clamp": "> 0"},
-                        inputs=("generator", "selected_BT", "entropy_BT"))
+                        inputs=("generator", "selected_BT", "entropy_BT"), compatibility=[TOKEN_LEVEL])
 def clip_cov(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
              clip_cov_ub=5.0, eps_low=1.0, eps_high=1.0, selection="random", log_ratio_clamp=None, generator=None,
              selected_BT=None, entropy_BT=None):
@@ -401,7 +420,14 @@ def clip_cov(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, clip_cov
 
 
 @POLICY_LOSSES.register(ranges={"kl_cov_ratio": "> 0 and <= 1", "ppo_kl_coef": ">= 0", "log_ratio_clamp": "> 0"},
-                        inputs=("entropy_BT",))
+                        inputs=("entropy_BT",), compatibility=[
+                            TOKEN_LEVEL,
+                            UnderSettings({"trainer.minibatches": 1, "trainer.epochs": 1,
+                                           "algorithm.bypass_mode": False},
+                                          "kl_cov's |log ρ| penalty has zero gradient while ρ = 1, and with "
+                                          "trainer.minibatches=1 every update is on-policy: the run is the plain "
+                                          "policy gradient (algorithms.md §10.6); set trainer.minibatches > 1, as "
+                                          "the paper's recipes do")])
 def kl_cov(logp_BT, old_logp_BT, rollout_logp_BT, adv_BT, mask_BT, *, kl_cov_ratio=2e-4, ppo_kl_coef=1.0,
            log_ratio_clamp=None, entropy_BT=None):
     """KL-Cov: a |log ρ| penalty toward π_old on the tokens of highest log-prob/advantage covariance.
