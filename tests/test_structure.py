@@ -234,3 +234,10 @@ def test_no_test_file_registers_a_torch_operator():
                     and isinstance(func.value, ast.Attribute) and func.value.attr == "library"):
                 offenders.append(f"{path.name}:{node.lineno}")
     assert offenders == []
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test files by their base name (no packages under tests/): two files of one name in two folders
+    make the second fail to collect."""
+    names = [path.name for path in (PACKAGE.parent / "tests").rglob("test_*.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
