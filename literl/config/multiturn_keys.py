@@ -56,8 +56,6 @@ def check_multiturn_keys(cfg) -> None:
         (cfg.algorithm.routing_replay == "r3", "algorithm.routing_replay=r3 replays the engine's MoE routes, which a "
                                                "multi-turn trajectory does not carry across its turns; use r2 or "
                                                "none"),
-        (r.max_rounds > 1, f"rollout.max_rounds={r.max_rounds}: a multi-turn batch is sampled in one round; set "
-                           "rollout.max_rounds=1 (group filters still drop groups)"),
     ]
     for refused_here, message in refused:
         if refused_here:
