@@ -3,7 +3,7 @@
 The engine stops only at its EOS ids and samples one `max_new_tokens` for the whole batch: the adapter asks for
 the largest row cap, and the driver cuts each row at its own cap and at its first stop (a tool call's closing
 tag is not an EOS for the engine). The cut is exact (a prefix of a sample, with its log-probs) but wastes the
-tokens sampled past it; a stop hook in the engine's decode loop is the integration's job.
+tokens sampled past it (a stop hook in the engine's decode loop would save them).
 """
 
 from __future__ import annotations
