@@ -90,7 +90,9 @@ def test_a_multiturn_run_resumed_from_its_checkpoint_equals_the_run_straight_thr
     run("b", "trainer.steps=1")
     resumed = run("b", "trainer.steps=2", "trainer.resume=true")
     timing = ("time/", "throughput/")
-    comparable = lambda d: [{k: v for k, v in r.items() if not k.startswith(timing)} for r in read_metrics(d)]  # noqa: E731
+    def comparable(run_dir):
+        return [{k: v for k, v in r.items() if not k.startswith(timing)} for r in read_metrics(run_dir)]
+
     assert comparable(straight) == comparable(resumed)
     assert comparable(straight)[-1]["optim/grad_norm"] > 0         # the resumed step is a real update
     a, b = load_file(str(next((straight / "final").glob("*.safetensors")))), \
