@@ -91,7 +91,9 @@ def _multiturn_collector(cfg: Config, prompting: Prompting, **collector_parts) -
         check_append_only(setup.chat)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+    # The engine stops a turn at its end or at a tool call's closing token (where that is one token).
+    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                              stop_token_ids=tuple(setup.chat.stop_token_ids))
     episode_problem = (lambda problem: problem) if r.environment not in (None, "tools") else (
         lambda problem: {**problem, "problem": _question(cfg, prompting, str(problem["problem"]))})
     problems = collector_parts["problems"]
