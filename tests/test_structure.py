@@ -28,7 +28,7 @@ PACKAGE_IMPORTS = {
     "run": {"config", "data", "model", "rewards", "algorithm"},
     "training": {"model", "algorithm", "config", "run", "data"},
     "tools": {"rewards", "data", "config"},  # the python sandbox reuses the reward checker's isolation
-    # Multi-turn episodes over an engine: tools, chat formats, environments (not wired into the collector yet).
+    # Multi-turn episodes over an engine: tools, chat formats, environments, and their collector (a rollout Collector).
     "multiturn": {"tools", "rollout", "model", "algorithm", "testbed", "data", "rewards", "config"},
     "evaluation": {"data", "rewards", "rollout", "model", "config", "run", "algorithm"},
     # The arena runs trainings as subprocesses: a run is its command line, so it never imports the runtime.

@@ -26,6 +26,13 @@ Layout: `tokens_BL` holds each row's prompt then its response, right-padded with
 of row b sits at `tokens_BL[b, prompt_len_B[b] + t]` and equals `response_ids_BT[b, t]`. Right padding lets
 training forwards run with a plain causal mask (pads come last, so no real token ever attends to one).
 
+Multi-turn rows (`literl.multiturn.collector`) hold more than sampled tokens in their response: the observations
+and turn-boundary ids between turns, context the model conditions on but never trained on. `mask_BT` stays the
+sampled tokens only (what every loss, statistic and IS weight reads), and `context_mask_BT` marks the others;
+`forward_mask_BT`, their union, is a prefix of each row: the positions the forward computes and the batch is
+trimmed and packed by. Single-turn batches have no context (`context_mask_BT` None), and then
+`forward_mask_BT` is `mask_BT` itself.
+
 Per-token extras (MoE routes, engine log-probs, ...) ride in `extras`, tensors keyed with their shape suffix
 (`rollout_routes_BLNK`), and are sliced and trimmed with the batch like every other field. An asynchronous run
 (`rollout.max_staleness >= 1`) adds `policy_version_BT` (the policy version that sampled each token) and
@@ -87,21 +94,31 @@ class _Rows:
             self, **{f.name: slice_rows(getattr(self, f.name), index) for f in dataclasses.fields(self)
                      if f.name not in self._scalars})
 
+    @property
+    def forward_mask_BT(self) -> torch.Tensor:
+        """The response positions a forward computes: the sampled tokens and, in multi-turn rows, the context
+        between them (a prefix of each row; `mask_BT` itself when there is no context)."""
+        context_BT = getattr(self, "context_mask_BT", None)
+        return self.mask_BT if context_BT is None else self.mask_BT | context_BT
+
     def trimmed(self) -> "_Rows":
         """Drop padding columns that no row of this (micro-)batch uses."""
-        T = int(self.mask_BT.sum(-1).max().item()) if len(self) else 0
+        region_BT = self.forward_mask_BT
+        T = int(region_BT.sum(-1).max().item()) if len(self) else 0
         T = max(T, 1)
-        L = int((self.prompt_len_B + self.mask_BT.sum(-1)).max().item()) if len(self) else 1
+        L = int((self.prompt_len_B + region_BT.sum(-1)).max().item()) if len(self) else 1
         return dataclasses.replace(
             self, **{f.name: _trim(f.name, getattr(self, f.name), T, L) for f in dataclasses.fields(self)
                      if f.name not in self._scalars})
 
     @property
     def lengths_B(self) -> torch.Tensor:
-        return self.prompt_len_B + self.mask_BT.sum(-1)
+        """Prompt + response tokens of each row (a multi-turn row's context included: what its forward reads)."""
+        return self.prompt_len_B + self.forward_mask_BT.sum(-1)
 
     @property
     def num_tokens(self) -> int:
+        """Sampled response tokens (context excluded: no loss, no statistic counts it)."""
         return int(self.mask_BT.sum())
 
     _scalars: tuple[str, ...] = ("pad_id",)
@@ -128,6 +145,8 @@ class RolloutBatch(_Rows):
     # The rollout's forward, when an on-policy update may replay it: a `literl.model.record.ForwardRecord`, opaque
     # here (only the policy forward reads it; rows are selected through its own `select`).
     forward_record: Any = None
+    # bool: multi-turn context in the response (observations, turn boundaries); None for single-turn rows
+    context_mask_BT: torch.Tensor | None = None
     pad_id: int = 0
 
 
@@ -155,6 +174,7 @@ class TrainBatch(_Rows):
     group_B: torch.Tensor              # long: prompt/group id (the group-level aggregations need it)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     forward_record: Any = None          # as RolloutBatch's
+    context_mask_BT: torch.Tensor | None = None     # as RolloutBatch's: context, never in mask_BT or the loss
     pad_id: int = 0
     step_share: float = 1.0            # this micro-batch's share of its optimizer step's response tokens
     epochs: int = 1                    # passes the update makes over the mini-batches (PPO epochs)

@@ -193,7 +193,7 @@ class Objective:
             mask_BT=mask_BT, loss_mask_BT=loss_mask_BT, rollout_logp_BT=batch.rollout_logp_BT,
             old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT, adv_BT=adv_BT, is_weight_BT=is_weight_BT.detach(),
             weight_BT=weight_BT, minibatch_B=minibatch_B, group_B=batch.group_B, extras=extras,
-            forward_record=batch.forward_record,
+            forward_record=batch.forward_record, context_mask_BT=batch.context_mask_BT,
             pad_id=batch.pad_id, epochs=epochs)
         return train, scalars(metrics)
 

@@ -27,6 +27,7 @@ from literl.assembly.model_loading import load_policy, pad_token_id
 from literl.assembly.training_set import training_problems
 from literl.config.errors import ConfigError
 from literl.config.load import resolve
+from literl.config.multiturn_keys import multiturn_enabled
 from literl.config.profiles import model_context
 from literl.config.schema import Config
 from literl.evaluation.periodic import build_evaluator
@@ -93,6 +94,9 @@ def _assemble(cfg: Config, objective: Objective, run_dir: Path, lock: DirectoryL
                                 reward_fns=reward_fns, pad_id=pad_id)
     if cfg.rollout.max_staleness >= 1:
         engine, collector = asynchronous(cfg, collector, engine, learner, console)
+    if multiturn_enabled(cfg.rollout):
+        console.note("multi-turn rollouts with rollout.tools / rollout.environment; the held-out evaluation still "
+                     "samples single turns without tools (docs/multiturn.md)")
     evaluator = build_evaluator(cfg, tokenizer=tokenizer)     # a missing benchmark fails before the folder exists
     # Written by the trainer once the run has started (RunComponents.record_start): a start that fails on a bad
     # path or name leaves no run behind, so the corrected command starts afresh instead of being told to resume;

@@ -255,6 +255,28 @@ class RolloutConfig:
                                                   "update keeps the rest (at least 1); null: half of "
                                                   "trainer.threads, at least 1",
                                                   range=">= 1", null="for half of trainer.threads")
+    # Multi-turn tool use (docs/multiturn.md): active when rollout.tools or rollout.environment is set; otherwise the
+    # single-turn rollout runs exactly as without these keys.
+    tools: list[str] = knob(help="multi-turn tool use: tool functions as import paths 'module:function', e.g. "
+                                 "[literl.tools:calculator] or [literl.tools:python, my_module:lookup]; [] (and no "
+                                 "rollout.environment): the single-turn rollout. With tools or an environment, "
+                                 "rollout.max_new_tokens bounds a trajectory's whole response: sampled, observation "
+                                 "and turn-boundary tokens together", factory=list)
+    environment: str | None = knob(None, "multi-turn environment: null (with rollout.tools: 'tools', which answers "
+                                         "each tool call with its result and ends on a turn without calls) | a "
+                                         "registered name | 'module:Class' with reset(problem) and step(turn) (your "
+                                         "own module: --import it); docs/multiturn.md")
+    max_turns: int = knob(4, "multi-turn: the most model turns in a trajectory (it ends 'max_turns' after that)")
+    max_turn_tokens: int | None = knob(None, "multi-turn: the most tokens one turn samples; null: "
+                                             "rollout.max_new_tokens")
+    max_tool_response_tokens: int | None = knob(256, "multi-turn: an observation longer than this many tokens is cut "
+                                                     "and ends with a marker saying how much was cut; null: never "
+                                                     "cut")
+    model_family: str = knob("auto", "multi-turn: how tool calls are written and turns end: auto (hermes when the "
+                                     "tokenizer has a chat template, else raw) | hermes | qwen | qwen2.5 | qwen3 | raw "
+                                     "(literl/tools/families.py)")
+    tool_timeout_s: float = knob(30.0, "multi-turn: seconds a batch of tool calls may take; a call past it is "
+                                       "answered with a timeout observation")
 
 
 @dataclass

@@ -138,8 +138,9 @@ class PolicyForward:
         load-balancing loss returned when it is on."""
         routing = self._routing(rows, old_pass=False)
         logp_BT, entropy_BT = self.token_logprobs(rows.tokens_BL, rows.prompt_len_B, rows.response_ids_BT.shape[1],
-                                                  mask_BT=rows.mask_BT, with_entropy=with_entropy,
+                                                  mask_BT=_forward_mask(rows), with_entropy=with_entropy,
                                                   record=rows.forward_record, routing=routing)
+        logp_BT, entropy_BT = _only_sampled(rows, logp_BT), _only_sampled(rows, entropy_BT)
         return Logprobs(logp_BT, entropy_BT, None if routing is None else routing.balance_loss())
 
     @torch.no_grad()
@@ -163,7 +164,8 @@ class PolicyForward:
                 part = batch.select(index).trimmed()
                 routing = self._routing(part, old_pass=True)
                 logp, _ = self.token_logprobs(part.tokens_BL, part.prompt_len_B, part.response_ids_BT.shape[1],
-                                              mask_BT=part.mask_BT, record=part.forward_record, routing=routing)
+                                              mask_BT=_forward_mask(part), record=part.forward_record,
+                                              routing=routing)
                 out[index, :logp.shape[1]] = logp.float().cpu()
                 if routing is not None:
                     old_routes[index, :routing.record_BLNK.shape[1]] = routing.record_BLNK.cpu()
@@ -338,6 +340,22 @@ class PolicyForward:
                              f"attention window ({caps.window}) of a model whose shared-prompt forward matches")
         return hidden_by_length(self.model.get_decoder(), tokens_BL, pos_BT, valid_BT)
 
+
+
+def _forward_mask(rows) -> torch.Tensor:
+    """The response positions to compute: the sampled tokens, and a multi-turn row's context between them (so the
+    positions the forward reads stay a prefix of each row, as every route needs)."""
+    return rows.forward_mask_BT if hasattr(rows, "forward_mask_BT") else rows.mask_BT
+
+
+def _only_sampled(rows, values_BT: torch.Tensor | None) -> torch.Tensor | None:
+    """A multi-turn row's log-probs (or entropies) at its context positions are set to 0 with no gradient path:
+    context is read, never trained on. Single-turn rows (no context) are returned as they are."""
+    context_BT = getattr(rows, "context_mask_BT", None)
+    if values_BT is None or context_BT is None:
+        return values_BT
+    keep_BT = rows.mask_BT[:, :values_BT.shape[1]].to(values_BT.device)
+    return torch.where(keep_BT, values_BT, torch.zeros((), dtype=values_BT.dtype, device=values_BT.device))
 
 
 def _predicting_positions(rows) -> torch.Tensor:

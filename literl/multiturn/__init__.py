@@ -1,5 +1,6 @@
 """Multi-turn episodes over the engine's own tokens: environments, the token bookkeeping between turns, and
-the driver. Not yet wired into the collector, batch or trainer (docs/multiturn.md says what is).
+the driver, and the collector that turns trajectories into training rows (chosen by `rollout.tools` /
+`rollout.environment`; docs/multiturn.md).
 
 Public API:
     run_episodes(generate, problems, env_factory, chat, caps) -> [Trajectory]     (`episodes`)
@@ -10,6 +11,7 @@ Public API:
     truncate_observation, continuation, is_append_only, first_stop                  (`tokens`)
     multiturn_metrics(trajectories) -> {"multiturn/...": value}                    (`metrics`)
     MultiTurnSettings, build_episode_setup(settings, tokenizer) -> EpisodeSetup      (`setup`)
+    MultiTurnCollector, trajectory_rows, check_append_only                         (`collector`)
 """
 
 from literl.multiturn.chat_format import ChatFormat

@@ -1,9 +1,11 @@
 """literl's own engine (`NativeEngine`, or any `Engine`) as the driver's `generate(contexts, max_new_tokens)`.
 
-The engine stops only at its EOS ids and samples one `max_new_tokens` for the whole batch: the adapter asks for
-the largest row cap, and the driver cuts each row at its own cap and at its first stop (a tool call's closing
-tag is not an EOS for the engine). The cut is exact (a prefix of a sample, with its log-probs) but wastes the
-tokens sampled past it; a stop hook in the engine's decode loop is the integration's job.
+The engine samples one `max_new_tokens` for the whole batch: the adapter asks for the largest row cap, and the
+driver cuts each row at its own cap. A row stops at the engine's EOS ids and at `params.stop_token_ids` (the
+multi-turn collector passes `ChatFormat.stop_token_ids`: the end of turn and, where it is one token, a tool call's
+closing tag). Stops that are several tokens (`ChatFormat.stop_strings`) the engine cannot see: the driver cuts
+the turn at the first one afterwards, which is exact (a prefix of a sample, with its log-probs) but samples
+tokens that are thrown away.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Callable
 
 from literl.multiturn.chat_format import ChatFormat
 from literl.multiturn.environment import Environment, ToolEnvironment
-from literl.multiturn.episodes import EpisodeCaps
+from literl.multiturn.episodes import TRUNCATION_MARKER, EpisodeCaps
 from literl.rewards.isolation import resolve_function
 from literl.tools.execution import ToolRunner
 from literl.tools.loading import load_tools, tool_schemas
@@ -69,7 +69,20 @@ def build_episode_setup(settings: MultiTurnSettings, tokenizer) -> EpisodeSetup:
     else:
         factory = lambda problem: environment()  # noqa: E731
     chat = ChatFormat(tokenizer, settings.model_family, tool_schemas(tools))
+    _check_room_for_the_cut_marker(chat, settings.max_tool_response_tokens)
     return EpisodeSetup(chat, factory, caps, runner)
+
+
+def _check_room_for_the_cut_marker(chat: ChatFormat, cap: int | None) -> None:
+    """A cut observation ends with the marker saying how much was cut; a cap shorter than the marker (as long as
+    it is for a million-token cut, with this tokenizer) would fail at the first long observation, mid-run."""
+    if cap is None:
+        return
+    longest = len(chat.encode(TRUNCATION_MARKER.format(n=10**6)))
+    if cap < longest:
+        raise ValueError(f"rollout.max_tool_response_tokens={cap} leaves no room for the marker a cut observation "
+                         f"ends with ({longest} tokens with this tokenizer); raise it to at least {longest}, or "
+                         "null to never cut")
 
 
 def environment_class(name: str) -> type:

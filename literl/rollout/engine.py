@@ -28,6 +28,9 @@ class SamplingParams:
     # collector asks it where the update may replay (trainer.replay_max_gib > 0); an engine without a recorder, or
     # one that cannot record, returns none. Evaluation never asks.
     keep_forward: bool = False
+    # Ids that end a response besides the engine's own EOS ids, kept as the response's last token as an EOS is: a
+    # multi-turn turn stops at its tool call's closing token (`literl.multiturn.engine_turns`). () for single turns.
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.temperature <= 0:

@@ -184,7 +184,8 @@ class NativeEngine:
                 record = None
                 if params.keep_forward and T > 1 and route in ("static", "fixed") and self.can_record(B, T):
                     record = self.recorder.start(self.model, B, T, device)
-                decoder, buffers = self._decoder(route, cache, prepared, T, record, routing, captured)
+                decoder, buffers = self._decoder(route, cache, prepared, T, record, routing, captured,
+                                                 self._stop_ids(params))
                 sync_every = self.sync_every or (1 if device.type == "cpu" else ACCELERATOR_SYNC_EVERY)
                 # The fixed step on CUDA runs at bucket sizes, graphs or not (so the eager step is the graphs'
                 # exact reference); elsewhere batches are exact.
@@ -194,7 +195,7 @@ class NativeEngine:
                                                before_step)
         finally:
             self.model.train(was_training)
-        generation = self._generation(ids_BT, logp_BT)
+        generation = self._generation(ids_BT, logp_BT, self._stop_ids(params))
         generation.forward_record = record
         if routing is not None:
             generation.extras[ROLLOUT_ROUTES] = routing.record_BLNK[:B, :width].cpu()
@@ -243,14 +244,20 @@ class NativeEngine:
             return fixed_decode_step if fixed else decode_step
         return compiled_decode_step(self.device.type, fixed=fixed, by_layer=compiles_layer_by_layer(self.device.type))
 
+    def _stop_ids(self, params: SamplingParams) -> list[int]:
+        """The ids that end a response: the engine's EOS ids, and the call's own stops (`stop_token_ids`)."""
+        if not params.stop_token_ids:
+            return self.eos_token_ids
+        return sorted(set(self.eos_token_ids) | {int(t) for t in params.stop_token_ids})
+
     def _decoder(self, route: str, cache, prepared: DistinctPrompts, T: int, record, routing,
-                 captured: "_CapturedDecode | None") -> tuple[Decoder, SamplingBuffers]:
+                 captured: "_CapturedDecode | None", stop_ids: list[int]) -> tuple[Decoder, SamplingBuffers]:
         B = prepared.source_B.shape[0]
         if captured is not None:
             decoder = captured.decoder.start(cache, prepared, T, routing=routing, capacity=captured.decoder_capacity)
             captured.buffers.reset()
             return decoder, captured.buffers
-        buffers = SamplingBuffers(B, T, self.pad_id, self.eos_token_ids, self.device)
+        buffers = SamplingBuffers(B, T, self.pad_id, stop_ids, self.device)
         if route == "fixed":
             # On CUDA the cache is as wide as a captured one (the same shapes as the graphs run).
             capacity = _capacity(prepared.width + T) if captures_cuda_graphs(self.device) else None
@@ -296,17 +303,19 @@ class NativeEngine:
             generator = torch.Generator(device=self.device)
             captured = self._captured = _CapturedDecode(
                 key=key, decoder=FixedShapeDecoder(self.model, self._step_fn(fixed=True), width_step=COLUMN_STEP),
-                buffers=SamplingBuffers(rows, T, self.pad_id, self.eos_token_ids, self.device),
+                buffers=SamplingBuffers(rows, T, self.pad_id, self._stop_ids(params), self.device),
                 graphs=BucketGraphs(self.device, generator), generator=generator, decoder_capacity=capacity)
         return captured
 
-    def _generation(self, ids_BT: torch.Tensor, logp_BT: torch.Tensor) -> Generation:
-        """Cut each row after its first EOS.
+    def _generation(self, ids_BT: torch.Tensor, logp_BT: torch.Tensor, stop_ids: list[int] | None = None
+                    ) -> Generation:
+        """Cut each row after its first EOS (or other stop id).
 
         Finished rows keep sampling until they leave the batch or the loop ends, and a row only leaves, and the
         loop only stops early, after an EOS: so every column up to a row's first EOS was written.
         """
-        eos_BT = torch.isin(ids_BT, torch.tensor(self.eos_token_ids, device=ids_BT.device))
+        stops = self.eos_token_ids if stop_ids is None else stop_ids
+        eos_BT = torch.isin(ids_BT, torch.tensor(stops, device=ids_BT.device))
         mask_BT = (eos_BT.long().cumsum(-1) - eos_BT.long()) == 0
         ids_BT = torch.where(mask_BT, ids_BT, torch.full_like(ids_BT, self.pad_id))
         logp_BT = torch.where(mask_BT, logp_BT, torch.zeros_like(logp_BT))

@@ -175,7 +175,7 @@ class VllmEngine:
         seeds = [None] * len(groups) if params.greedy else _seeds(len(groups), rng)
         payload = {"requests": [(list(prompts[rows[0]]), len(rows), seed) for rows, seed in zip(groups, seeds)],
                    "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-                   "max_tokens": T, "greedy": params.greedy, "stop_token_ids": self.eos_token_ids}
+                   "max_tokens": T, "greedy": params.greedy, "stop_token_ids": sorted(set(self.eos_token_ids) | set(params.stop_token_ids))}
         replies = self.process.call("generate", payload)
         samples: list[tuple] = [()] * B
         for rows, reply in zip(groups, replies):

@@ -116,3 +116,26 @@ def test_chat_template_episodes_through_literls_engine_frame_turns_and_keep_the_
         torch.testing.assert_close(torch.tensor(sample.rollout_logp)[m], logp[m], atol=2e-4, rtol=0)
     assert seen_endings == {101, 103}                        # both kinds of turn end were exercised
     assert sum(t.end_reason == "max_turns" for t in trajectories) >= 3
+
+
+def test_literls_engine_stops_a_row_at_a_stop_token_the_call_names_as_at_an_eos():
+    """The tool-happy tiny Qwen3 (</tool_call> ~15% per token): asked with stop_token_ids=(</tool_call>,), every row
+    ends at its first <|im_end|> or </tool_call> (kept as its last token, not truncated); asked without, some row
+    samples past a </tool_call>. Both on the static decode route and the model's own (dynamic) forward."""
+    from literl.multiturn.testbed_chat import build_chat_tokenizer
+    from tests.multiturn.test_train_with_tools import IM_END, TOOL_CALL_END, tool_happy_qwen3
+
+    tokenizer = build_chat_tokenizer("hermes_tools")
+    model = tool_happy_qwen3(tokenizer).eval()
+    prompts = [tokenizer("What is 3+4?")["input_ids"]] * 8
+    for route in ("static", "dynamic"):
+        engine = NativeEngine(model, eos_token_ids=[IM_END], pad_id=0, decode=route)
+        stopped = engine.generate(prompts, SamplingParams(max_new_tokens=24, stop_token_ids=(TOOL_CALL_END,)),
+                                  rng=torch.Generator().manual_seed(0))
+        for b in range(len(prompts)):
+            ids = stopped.response_ids_BT[b][stopped.mask_BT[b]].tolist()
+            ends = [i for i, t in enumerate(ids) if t in (IM_END, TOOL_CALL_END)]
+            assert ends == ([len(ids) - 1] if not stopped.truncated_B[b] else [])
+        assert (~stopped.truncated_B).any()
+        free = engine.generate(prompts, SamplingParams(max_new_tokens=24), rng=torch.Generator().manual_seed(0))
+        assert any(TOOL_CALL_END in free.response_ids_BT[b][free.mask_BT[b]].tolist()[:-1] for b in range(8)), route
