@@ -46,10 +46,10 @@ from typing import Callable
 import torch
 
 from literl.batch import POLICY_VERSION, STALENESS, RolloutBatch
-from literl.rollout.collector import StepStopped
 from literl.rollout.generator import Generation, SamplingParams
 from literl.rollout.hf_engine import HFEngine
 from literl.rollout.versions import Stopped, VersionedEngine, WeightVersions, detached_copy
+from literl.step_outcomes import StepStopped
 
 JOIN_SECONDS = 30.0
 

@@ -25,6 +25,7 @@ import torch
 from literl.batch import RolloutBatch, slice_rows
 from literl.ops import group_mean_std
 from literl.rollout.generator import Generator, SamplingParams
+from literl.step_outcomes import GroupFilterStalled, StepStopped
 
 
 PROGRESS_SECONDS = 10.0  # a step resampling longer than this says how far it got, then again each time as long
@@ -125,14 +126,6 @@ class PromptStream:
         self.seed, self.shuffle = state["seed"], state["shuffle"]
         self.epoch, self.position = state["epoch"], state["position"]
         self._order = self._permutation(self.epoch)
-
-
-class GroupFilterStalled(RuntimeError):
-    """The group filter kept no group in STALL_ROUNDS rounds in a row: the step would resample to no end."""
-
-
-class StepStopped(Exception):
-    """A stop was requested while the step resampled; the step is abandoned before anything trained on it."""
 
 
 @dataclass

@@ -26,7 +26,7 @@ from literl.training.checkpoint import (load_latest_checkpoint, non_finite_param
 from literl.components import RunComponents
 from literl.lora import final_view
 from literl.model.precision import MASTER_DTYPE, compute_dtype
-from literl.rollout.collector import StepStopped
+from literl.step_outcomes import StepStopped
 from literl.training.learning_signal import no_signal_reason, run_without_signal
 
 
