@@ -175,7 +175,7 @@ class RolloutConfig:
                                  "to 4-bit integers (a scale per output channel and 32 inputs), a ~10x larger gap "
                                  "(literl/model/quantize.py)")
     max_rounds: int = knob(1, "sampling rounds per step; >1 lets a group filter (dynamic sampling) refill "
-                              "the batch")
+                              "the batch (at most 1000; 20 rounds in a row that keep no group stop the run)")
     decode: str = knob("auto", "decode route (engine=hf): auto (on a model the runtime decodes: static on CPU, "
                                "fixed on CUDA; else dynamic) | static (attend over the written cache columns) | "
                                "fixed (one shape per batch size and 64-column width, the not yet written columns "
@@ -190,7 +190,8 @@ class RolloutConfig:
                                  "loop (collect, update, sync); k >= 1: the engine generates the next batches on "
                                  "its own copy of the weights while the trainer updates, batch s under policy "
                                  "version max(0, s-k) (a fixed schedule, so a seed repeats its run), every token "
-                                 "tagged with its version; at most k batches are held ahead of the trainer")
+                                 "tagged with its version; at most k batches are held ahead of the trainer "
+                                 "(k <= 64 and <= trainer.steps)")
     partial_rollouts: bool = knob(False, "with max_staleness >= 1 and the hf engine: a response continues under the "
                                          "next policy version from decode step max_new_tokens // 2 on (in-flight "
                                          "weight update, PipelineRL-style; each token keeps the version that "
@@ -378,7 +379,7 @@ class ClusterConfig:
 
 @dataclass
 class Config:
-    seed: int = knob(0, "seed for sampling, data order and mini-batch shuffling")
+    seed: int = knob(0, "seed for sampling, data order and mini-batch shuffling (0 to 2^32 - 1)")
     preset: str | None = knob(None, "the preset this config started from (informational)")
     imports: list[str] = knob(help="modules (or .py files) imported before the config is checked, so the tricks and "
                                    "reward functions they register are usable by name; --import adds to it "
