@@ -40,7 +40,7 @@ PACKAGE_IMPORTS = {
     "commands": {"assembly", "training", "rollout", "model", "algorithm", "config", "run", "data", "rewards",
                  "evaluation", "distributed", "testbed", "arena", "tools", "multiturn"},
 }
-FOUNDATION = {"literl.config.errors", "literl.run.interrupts"}
+FOUNDATION = {"literl.config.errors", "literl.run.step_outcomes"}
 # Imports that cross the order on purpose, each inside the one function that needs it, with the reason.
 CROSSINGS = {
     ("literl.algorithm.objective", "literl.config.load"): "Objective.from_config resolves a config not yet "

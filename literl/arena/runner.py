@@ -34,7 +34,7 @@ from rich.markup import escape
 from literl.arena.runs import METRICS_FILE, SUMMARY_FILE, checkpoint_step, is_finished, read_summary
 from literl.arena.spec import PlannedRun
 from literl.arena.summary import LOG_NAME
-from literl.data.no_follow import open_append
+from literl.data.no_follow import LinkRefused, open_append
 from literl.run.provenance import available_cpus
 
 POLL_SECONDS = 0.2
@@ -192,7 +192,12 @@ class AblationRunner:
     def _launch(self, run: PlannedRun, progress) -> None:
         start_step = prepare_directory(run)
         command = run.command(self.python, self.threads)
-        log = open_append(run.directory / LOG_NAME)
+        try:
+            log = open_append(run.directory / LOG_NAME)
+        except LinkRefused as err:      # a link planted as train.log: this run fails, the others still start
+            self.outcome.failed.append((run, -1))
+            self.console.print(f"\\[arena] [bold red]FAILED[/] {self._name(run)}: {escape(str(err))}", highlight=False)
+            return
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} literl ablate: {' '.join(command)}\n")
         log.flush()
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),

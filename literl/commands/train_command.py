@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from literl.distributed import ClusterError
     from literl.rewards import RewardsFailing
-    from literl.rollout.collector import GroupFilterStalled
+    from literl.run.step_outcomes import GroupFilterStalled
     from literl.run.lock import DirectoryBusy
     from literl.assembly.api import run as run_training
     from literl.run.checkpoint import CheckpointError

@@ -224,8 +224,8 @@ class RolloutConfig:
                                  "(literl/model/quantize.py)", choices=("float32", "bfloat16", "float8_e4m3", "int4"))
     max_rounds: int = knob(1, "sampling rounds per step; >1 lets a group filter (dynamic sampling) refill "
                               "the batch", range=f">= 1 and <= {MAX_ROUNDS}",
-                           hint="1 = no resampling; dynamic sampling needs a few rounds (DAPO: up to 10), and a group "
-                                "filter that keeps nothing stops the step long before the limit")
+                           hint="1 = no resampling; dynamic sampling needs a few rounds (DAPO: up to 10), and 20 "
+                                "rounds in a row that keep no group stop the run long before the limit")
     decode: str = knob("auto", "decode route (engine=native): auto (on a model the runtime decodes: static on CPU, "
                                "fixed on CUDA; else dynamic) | static (attend over the written cache columns) | "
                                "fixed (one shape per batch size and 64-column width, the not yet written columns "

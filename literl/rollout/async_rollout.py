@@ -46,10 +46,10 @@ from typing import Callable
 import torch
 
 from literl.algorithm.batch import POLICY_VERSION, STALENESS, RolloutBatch
-from literl.run.interrupts import StepStopped
 from literl.rollout.engine import Generation, SamplingParams
 from literl.rollout.native_engine import NativeEngine
 from literl.rollout.versions import Stopped, VersionedEngine, WeightVersions, detached_copy
+from literl.run.step_outcomes import StepStopped
 
 JOIN_SECONDS = 30.0
 

@@ -24,8 +24,8 @@ import torch
 
 from literl.algorithm.batch import RolloutBatch, slice_rows
 from literl.algorithm.ops import group_mean_std
-from literl.run.interrupts import StepStopped
 from literl.rollout.engine import Engine, SamplingParams
+from literl.run.step_outcomes import GroupFilterStalled, StepStopped
 
 
 PROGRESS_SECONDS = 10.0  # a step resampling longer than this says how far it got, then again each time as long
@@ -126,10 +126,6 @@ class PromptStream:
         self.seed, self.shuffle = state["seed"], state["shuffle"]
         self.epoch, self.position = state["epoch"], state["position"]
         self._order = self._permutation(self.epoch)
-
-
-class GroupFilterStalled(RuntimeError):
-    """The group filter kept no group in STALL_ROUNDS rounds in a row: the step would resample to no end."""
 
 
 @dataclass

@@ -26,7 +26,7 @@ from literl.run.checkpoint import (load_latest_checkpoint, non_finite_parameters
 from literl.training.components import RunComponents
 from literl.model.lora import final_view
 from literl.model.precision import MASTER_DTYPE, compute_dtype
-from literl.run.interrupts import StepStopped
+from literl.run.step_outcomes import StepStopped
 from literl.training.learning_signal import no_signal_reason, run_without_signal
 
 

@@ -4,7 +4,6 @@ runner's stand-in trainer (tests/arena/fake_trainer.py); nothing trains."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest

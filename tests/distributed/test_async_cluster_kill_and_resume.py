@@ -2,7 +2,8 @@
 SIGKILL after a checkpoint, then resumed: every step is logged once, the batches follow the staleness schedule
 v(s) = max(0, s − 1) across the kill (the in-flight batch saved with the checkpoint is trained as it was), and no
 Ray process of the killed run outlives it (issue 59: a combination the probe did not reach). Slow (two fresh local
-clusters in child processes, ~2 min on 2 cores): `pytest -m slow tests/distributed/test_async_cluster_kill_and_resume.py`.
+clusters in child processes, ~3 min on 2 cores):
+`pytest -m slow tests/distributed/test_async_cluster_kill_and_resume.py`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ link and the fix."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -73,3 +74,22 @@ def test_appending_to_a_plain_file_still_works_and_creates_it(tmp_path):
     with open_append(path) as f:
         f.write("b\n")
     assert path.read_text() == "a\nb\n"
+
+
+def test_an_ablation_run_whose_train_log_is_a_link_fails_alone(tmp_path, victim):
+    """The runner appends each run's output to its train.log: a link there fails that run (named), the victim keeps
+    its bytes, and the runner goes on (a stand-in python that would fail if it were ever launched)."""
+    from rich.console import Console
+
+    from literl.arena.runner import AblationRunner
+    from literl.arena.spec import parse_spec
+
+    spec = parse_spec({"preset": "lite_ppo", "baseline": "a", "seeds": 1, "variants": {"a": {}}}, source="t.yaml")
+    (run,) = spec.plan(tmp_path / "out")
+    run.directory.mkdir(parents=True)
+    (run.directory / "train.log").symlink_to(victim)
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))
+    outcome = AblationRunner([run], {run.directory: 1}, console=console, python="/bin/false").run()
+    assert outcome.failed == [(run, -1)]
+    assert "train.log is a symbolic link" in console.export_text().replace("\n", "")
+    assert victim.read_text() == "data\n"

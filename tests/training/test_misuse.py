@@ -187,11 +187,11 @@ def test_a_crash_mid_run_keeps_the_last_step_and_resumes_exactly(model_dir, fini
         parts = real_build(*args, **kwargs)
         real_collect, calls = parts.collector.collect, []
 
-        def collect(rng):
+        def collect(rng, **kwargs):
             calls.append(1)
             if len(calls) == 2:
                 raise MemoryError("simulated: out of memory while sampling")
-            return real_collect(rng)
+            return real_collect(rng, **kwargs)
 
         parts.collector.collect = collect
         return parts
