@@ -154,6 +154,11 @@ def wait_until_quiet(runs, quiet_s: float = 5.0, limit_s: float = 90.0) -> None:
             last, since = now, time.monotonic()
 
 
+def _checkpointed_step(run_dir: Path) -> int:
+    latest = run_dir / "checkpoints" / "latest"
+    return int(latest.read_text().split("_")[1]) if latest.is_file() else 0
+
+
 DRIVER = """
 import sys, ray
 from pathlib import Path
@@ -193,6 +198,10 @@ def test_a_killed_runner_restarted_skips_finished_runs_and_resumes_the_others(tm
     first.wait()
     wait_until_quiet(runs)     # the trainers stop when their workers die (SIGTERM), saving or not
     interrupted = [r for r in runs if not (r.directory / "summary.json").is_file()]
+    # A run that had checkpointed a step when the runner died resumes from it; one that had not (possible on a
+    # loaded machine: the kill comes as soon as one unfinished run logged a step) starts again from step 0.
+    checkpointed = [r for r in interrupted if _checkpointed_step(r.directory) > 0]
+    assert checkpointed, "the kill came after an unfinished run had logged (and checkpointed) a step"
     assert 1 <= len(interrupted) <= 2
     second = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
     assert "FINISHED" in second.stdout, second.stdout + second.stderr
@@ -201,8 +210,7 @@ def test_a_killed_runner_restarted_skips_finished_runs_and_resumes_the_others(tm
         steps = [json.loads(line)["step"] for line in (run.directory / "metrics.jsonl").read_text().splitlines()]
         assert steps == list(range(1, STEPS + 1)) and (run.directory / "summary.json").is_file()
     resumed = [r for r in interrupted if "from step 0" not in (r.directory / "train.log").read_text().splitlines()[-1]]
-    assert resumed == interrupted, "every interrupted run had checkpointed its first step and resumes from it"
-    assert all("from step 0" not in (r.directory / "train.log").read_text().splitlines()[-1] for r in interrupted)
+    assert resumed == checkpointed, "every run that had checkpointed a step resumes from it"
     try:
         os.killpg(first.pid, signal.SIGKILL)    # what of the first cluster outlived its driver
     except ProcessLookupError:

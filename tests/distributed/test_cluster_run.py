@@ -158,7 +158,7 @@ def test_checkpoints_move_between_the_cluster_and_one_process(cluster_run, tmp_p
     learner.load_state_dict(state)
     _assert_same_state(state["optimizer"], learner.state_dict()["optimizer"])
     for name, param in learner.policy().named_parameters():
-        assert torch.equal(param, dict(single.policy.named_parameters())[name]), name
+        assert torch.equal(param, dict(single.learner.policy().named_parameters())[name]), name
 
 
 def _assert_same_state(expected: dict, got: dict) -> None:

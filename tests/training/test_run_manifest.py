@@ -46,7 +46,7 @@ def test_run_json_records_provenance(tiny_qwen3_dir, tmp_path):
     assert prov["machine"]["torch_threads"] == 1 and prov["machine"]["cpus_available"] >= 1
     assert prov["machine"]["cpus"] >= prov["machine"]["cpus_available"]
     assert prov["command"]["argv"] and prov["command"]["cwd"]
-    assert session["engine"] == {"name": "hf"}              # in-process: the packages above are its versions
+    assert session["engine"] == {"name": "native"}            # in-process: the packages above are its versions
     git = prov["literl"]["git"]
     head = subprocess.run(["git", "-C", prov["literl"]["path"], "rev-parse", "HEAD"], capture_output=True,
                           text=True)
