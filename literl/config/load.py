@@ -18,7 +18,6 @@ from omegaconf.errors import OmegaConfBaseException
 from yaml import YAMLError
 
 from literl.config.schema import ENGINE_CHOICE_ON_GPU, Config, TrickSpec, valid_values
-from literl.config.multiturn_keys import check_multiturn_keys
 from literl.config.rules import MULTI_TRICKS, SINGLE_TRICKS, validate
 from literl.config.profiles import HF_MODEL_LR, TESTBED_LR  # noqa: F401 - re-exported (tests, older imports)
 from literl.config.errors import ConfigError
@@ -71,7 +70,6 @@ def load_config(preset: str | None = None, config_file: str | Path | None = None
     if preset and cfg.preset is None:
         cfg.preset = preset
     validate(cfg)
-    check_multiturn_keys(cfg)
     return cfg
 
 

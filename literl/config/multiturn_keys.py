@@ -1,7 +1,8 @@
 """The multi-turn keys of `rollout` (tools, environment, caps), checked when a config loads.
 
-What can be checked without importing anything is checked here: the shape of each import path, the caps, and the
-combinations the multi-turn rollout does not run. Whether a tool or environment imports, and whether a model
+What can be checked without importing anything is checked here (by `literl.config.rules.validate`): the shape of
+each import path and the combinations the multi-turn rollout does not run; the caps' ranges are declared on their
+knobs. Whether a tool or environment imports, and whether a model
 family is known, is checked when the run is built (`literl.multiturn.setup.build_episode_setup`), before the first
 episode: the config layer imports neither tools nor environments.
 """
@@ -36,14 +37,6 @@ def check_multiturn_keys(cfg) -> None:
     if r.environment is not None and (not isinstance(r.environment, str) or not r.environment.strip()):
         raise ConfigError(f"rollout.environment={r.environment!r} must be a registered name ('tools') or "
                           "'module:Class', or null")
-    if r.max_turns < 1:
-        raise ConfigError(f"rollout.max_turns={r.max_turns} must be >= 1 (1: one turn, then the trajectory ends)")
-    for key in ("max_turn_tokens", "max_tool_response_tokens"):
-        value = getattr(r, key)
-        if value is not None and value < 1:
-            raise ConfigError(f"rollout.{key}={value} must be >= 1, or null")
-    if not r.tool_timeout_s > 0:
-        raise ConfigError(f"rollout.tool_timeout_s={r.tool_timeout_s} must be > 0")
     if not multiturn_enabled(r):
         return
     refused = [

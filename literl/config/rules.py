@@ -22,6 +22,7 @@ import warnings
 
 from literl.algorithm.registry import UnderSettings, broken_clause, compatibility_problems
 from literl.config.errors import ConfigError
+from literl.config.multiturn_keys import check_multiturn_keys
 from literl.config.schema import KNOB_KEYS, KNOB_RANGES, Config, TrickSpec
 
 # Algorithm fields that hold one trick, and the registry each one is checked against.
@@ -45,6 +46,7 @@ def validate(cfg: Config) -> None:
     _check_cluster(cfg)
     _check_vllm(cfg.rollout)
     _check_async(cfg)
+    check_multiturn_keys(cfg)
     trick_warnings = _check_trick_compatibility(cfg, ALL)
     _check_bypass_mode(cfg, ALL)
     for message in trick_warnings:

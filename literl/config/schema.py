@@ -266,17 +266,18 @@ class RolloutConfig:
                                          "each tool call with its result and ends on a turn without calls) | a "
                                          "registered name | 'module:Class' with reset(problem) and step(turn) (your "
                                          "own module: --import it); docs/multiturn.md")
-    max_turns: int = knob(4, "multi-turn: the most model turns in a trajectory (it ends 'max_turns' after that)")
+    max_turns: int = knob(4, "multi-turn: the most model turns in a trajectory (it ends 'max_turns' after that)",
+                          range=">= 1", hint="1: one turn, then the trajectory ends")
     max_turn_tokens: int | None = knob(None, "multi-turn: the most tokens one turn samples; null: "
-                                             "rollout.max_new_tokens")
+                                             "rollout.max_new_tokens", range=">= 1", null="for rollout.max_new_tokens")
     max_tool_response_tokens: int | None = knob(256, "multi-turn: an observation longer than this many tokens is cut "
                                                      "and ends with a marker saying how much was cut; null: never "
-                                                     "cut")
+                                                     "cut", range=">= 1", null="to never cut")
     model_family: str = knob("auto", "multi-turn: how tool calls are written and turns end: auto (hermes when the "
                                      "tokenizer has a chat template, else raw) | hermes | qwen | qwen2.5 | qwen3 | raw "
                                      "(literl/tools/families.py)")
     tool_timeout_s: float = knob(30.0, "multi-turn: seconds a batch of tool calls may take; a call past it is "
-                                       "answered with a timeout observation")
+                                       "answered with a timeout observation", range="> 0")
 
 
 @dataclass

@@ -35,7 +35,7 @@ from literl.arena.runner import Outcome, POLL_SECONDS, _die_with_parent, prepare
 from literl.arena.runs import is_finished
 from literl.arena.spec import PlannedRun
 from literl.arena.summary import LOG_NAME
-from literl.distributed.cluster import ClusterError, import_ray
+from literl.distributed.cluster import ClusterError, check_reachable, import_ray
 from literl.run.provenance import available_cpus
 
 PLACEMENT_FILE = "placement.json"    # in each run directory: the node, worker pid, GPUs and attempt of its task
@@ -114,7 +114,7 @@ def connect(address: str):
         return ray
     options = dict(include_dashboard=False, configure_logging=False, log_to_driver=False)
     if address != "local":
-        _check_reachable(address)
+        check_reachable(address, named=f"--cluster {address}", local="--cluster local")
     try:
         if address == "local":
             ray.init(num_cpus=available_cpus(), **options)
@@ -124,22 +124,6 @@ def connect(address: str):
         raise ClusterError(f"could not join the Ray cluster at --cluster {address}: {err}. Start its head with "
                            "`ray start --head` and give its address, or use --cluster local") from err
     return ray
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail within seconds on a host:port nothing listens on: ray.init would retry for minutes, then exit."""
-    import socket
-
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
-    if address == "auto" or not host or not port.isdigit():
-        return      # a form ray.init understands and this check does not: let it decide
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            pass
-    except OSError as err:
-        raise ClusterError(f"could not join the Ray cluster at --cluster {address}: nothing answers there ({err}). "
-                           f"Start its head with `ray start --head --port={port}` on {host}, check the address, or "
-                           "use --cluster local") from err
 
 
 def alive_nodes(ray) -> list[dict]:

@@ -59,7 +59,7 @@ def connect(cluster, *, threads: int | None = None):
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
     else:
-        _check_reachable(address)
+        check_reachable(address)
         try:
             ray.init(address=address, **options)
         except Exception as err:  # noqa: BLE001 - Ray raises several types for a cluster it cannot join
@@ -85,8 +85,10 @@ def _warn_if_oversubscribed(cluster, wanted: float) -> None:
         f"or give cluster.address of a larger Ray cluster", ClusterWarning, stacklevel=3)
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail within seconds on a host:port nothing listens on (ray.init would retry for a minute)."""
+def check_reachable(address: str, timeout_s: float = 5.0, *, named: str | None = None,
+                    local: str = "cluster.address=local") -> None:
+    """Fail within seconds on a host:port nothing listens on (ray.init would retry for a minute). `named`: how the
+    user gave the address (default `cluster.address='...'`), `local`: how they ask for a cluster on this machine."""
     if address == "auto":
         return
     hostport = address.split("://", 1)[-1]
@@ -97,9 +99,9 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
             pass
     except OSError as err:
-        raise ClusterError(f"no Ray cluster answers at cluster.address={address!r} ({err}). Start its head with "
-                           f"`ray start --head --port={port}` on {host}, check the address, or use "
-                           f"cluster.address=local for a cluster on this machine") from err
+        raise ClusterError(f"no Ray cluster answers at {named or f'cluster.address={address!r}'} ({err}). Start its "
+                           f"head with `ray start --head --port={port}` on {host}, check the address, or use "
+                           f"{local} for a cluster on this machine") from err
 
 
 def _main_thread() -> bool:

@@ -139,5 +139,5 @@ def test_a_cluster_that_cannot_be_joined_is_refused_with_the_fix(tmp_path, capsy
             str(tmp_path / "o"), "--no-report"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "could not join the Ray cluster at --cluster 127.0.0.1:1" in err and "ray start --head" in err
+    assert "no Ray cluster answers at --cluster 127.0.0.1:1" in err and "ray start --head" in err
     assert not (tmp_path / "o" / "lr_tuned" / "default" / "seed_0" / "train.log").exists()
